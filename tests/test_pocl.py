@@ -1,0 +1,241 @@
+"""The PoCL backend: GPU-scheduled TIR rebuilt for OpenCL and run on the CPU.
+
+Numeric tests compare against float64 numpy on fresh random inputs, with outputs poisoned with NaN
+(or a sentinel for integers) before the run. Relative error is ``max|out - ref| / max|ref|``.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import tirx as T
+
+from tvm_streamk import pocl
+from tvm_streamk._compat import dlight
+from tvm_streamk.workloads import gemm, reference_schedule
+
+pytestmark = pytest.mark.skipif(not pocl.available(), reason="no PoCL CPU device")
+
+# fp32 accumulation over K <= 128 of O(1) terms stays far below this; a wrong tile is O(1).
+GEMM_RTOL = 1e-5
+GROUPS, THREADS = 64, 64
+
+
+def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
+    """``max|out - ref| / max|ref|`` in float64; any NaN left in ``out`` gives ``inf``."""
+    out = np.asarray(out, dtype=np.float64)
+    if not np.all(np.isfinite(out)):
+        return float("inf")
+    return float(np.max(np.abs(out - ref)) / np.max(np.abs(ref)))
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng()
+
+
+# fmt: off
+def atomic_sum(dtype: str):
+    """GROUPS x THREADS work-items each add one input element into ``C[0]`` atomically.
+
+    Each thread adds the element its mirror thread staged in shared memory, so the sum is only
+    right if the work-group barrier holds.
+    """
+    @T.prim_func
+    def main(A: T.Buffer((GROUPS * THREADS,), dtype), C: T.Buffer((1,), dtype)):
+        bx = T.launch_thread("blockIdx.x", GROUPS)
+        tx = T.launch_thread("threadIdx.x", THREADS)
+        S = T.alloc_shared((THREADS,), dtype)
+        S[tx] = A[bx * THREADS + tx]
+        T.tvm_storage_sync("shared")
+        T.evaluate(T.call_extern(dtype, "atomic_add", T.address_of(C[0]), S[THREADS - 1 - tx]))
+    return main
+
+
+@T.prim_func(s_tir=True)
+def two_kernels(a: T.handle, c: T.handle, n: T.int32):
+    m = T.int32()
+    A = T.match_buffer(a, (m, 64), "float32")
+    C = T.match_buffer(c, (m, 64), "float32")
+    W = T.alloc_buffer((m, 64), "float32")
+    for bx in T.thread_binding(m, thread="blockIdx.x"):
+        for tx in T.thread_binding(64, thread="threadIdx.x"):
+            with T.sblock("scale"):
+                W[bx, tx] = A[bx, tx] * T.float32(2) + T.Cast("float32", n)
+    for bx in T.thread_binding(m, thread="blockIdx.x"):
+        for tx in T.thread_binding(64, thread="threadIdx.x"):
+            with T.sblock("mirror"):
+                C[bx, tx] = W[bx, 63 - tx]
+
+
+@T.prim_func
+def half_arith(A: T.Buffer((1024,), "float16"), B: T.Buffer((1024,), "float16"),
+               C: T.Buffer((1024,), "float32")):
+    bx = T.launch_thread("blockIdx.x", 16)
+    tx = T.launch_thread("threadIdx.x", 16)
+    for i in T.vectorized(4):
+        B[bx * 64 + tx * 4 + i] = A[bx * 64 + tx * 4 + i] * T.float16(3) + T.float16(1)
+    for i in T.vectorized(4):
+        C[bx * 64 + tx * 4 + i] = T.Cast("float32", A[bx * 64 + tx * 4 + i])
+
+
+@T.prim_func
+def bf16_scale(A: T.Buffer((1024,), "bfloat16"), B: T.Buffer((1024,), "bfloat16")):
+    bx = T.launch_thread("blockIdx.x", 16)
+    tx = T.launch_thread("threadIdx.x", 64)
+    B[bx * 64 + tx] = T.Cast("bfloat16", T.Cast("float32", A[bx * 64 + tx]) * T.float32(3))
+
+
+@T.prim_func
+def cuda_atomic(C: T.Buffer((1,), "float32")):
+    bx = T.launch_thread("blockIdx.x", 4)
+    tx = T.launch_thread("threadIdx.x", 32)
+    T.evaluate(T.call_extern("float32", "atomicAdd", T.address_of(C[0]), T.float32(1)))
+
+
+@T.prim_func
+def dynamic_shared(A: T.Buffer((256,), "float32"), B: T.Buffer((256,), "float32")):
+    bx = T.launch_thread("blockIdx.x", 4)
+    tx = T.launch_thread("threadIdx.x", 64)
+    S = T.alloc_buffer((64,), "float32", scope="shared.dyn")
+    S[tx] = A[bx * 64 + tx]
+    T.tvm_storage_sync("shared.dyn")
+    B[bx * 64 + tx] = S[63 - tx]
+# fmt: on
+
+
+def dlight_matmul(m: int, k: int, n: int, dtype: str) -> tvm.IRModule:
+    """A Relax matmul, legalized and scheduled by dlight's Matmul rule for an A100."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), dtype))
+    w = relax.Var("w", relax.TensorType((k, n), dtype))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.matmul(x, w, out_dtype=dtype)))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    with tvm.target.Target("nvidia/nvidia-a100"):
+        return dlight.ApplyDefaultSchedule(dlight.gpu.Matmul(), dlight.gpu.Fallback())(mod)
+
+
+@pytest.mark.parametrize("in_dtype", ["float32", "float16"])
+@pytest.mark.parametrize("mnk", [(128, 128, 64), (100, 72, 37)], ids=["even", "uneven"])
+def test_reference_gemm(in_dtype, mnk, rng):
+    M, N, K = mnk
+    func = reference_schedule(gemm(M, N, K, in_dtype=in_dtype), bm=32, bn=32, bk=8, tm=4, tn=4)
+    a = rng.uniform(-1.0, 1.0, (M, K)).astype(in_dtype)
+    b = rng.uniform(-1.0, 1.0, (K, N)).astype(in_dtype)
+    c = np.full((M, N), np.nan, dtype="float32")
+    _, _, out = pocl.run(func.mod, a, b, c)
+    # The reference takes the inputs as stored, so fp16 rounding of A and B is not an error.
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert relative_error(out, ref) <= GEMM_RTOL
+
+
+def test_dlight_matmul_fp32(rng):
+    mod = dlight_matmul(100, 96, 80, "float32")
+    x = rng.standard_normal((100, 96)).astype("float32")
+    w = rng.standard_normal((96, 80)).astype("float32")
+    out = np.full((100, 80), np.nan, dtype="float32")
+    *_, result = pocl.run(mod, x, w, out)
+    assert relative_error(result, x.astype(np.float64) @ w.astype(np.float64)) <= GEMM_RTOL
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_atomic_add_across_work_groups(dtype, rng):
+    # Small integers keep every partial float32 sum exact, so the expected total is exact too.
+    a = rng.integers(-8, 9, GROUPS * THREADS).astype(dtype)
+    start = np.array([rng.integers(-100, 100)], dtype=dtype)
+    _, total = pocl.run(atomic_sum(dtype), a, start)
+    assert total[0] == start[0] + a.astype(np.int64).sum()
+
+
+def test_wmma_kernel_is_refused():
+    mod = dlight_matmul(128, 128, 128, "float16")
+    with pytest.raises(pocl.UnsupportedKernelError) as err:
+        pocl.run(mod, *(np.zeros((128, 128), "float16") for _ in range(3)))
+    message = str(err.value)
+    assert "'matmul'" in message
+    assert "tensor-core intrinsic tirx.tvm_" in message
+    assert "without tensor cores" in message
+
+
+def test_cuda_atomic_is_refused():
+    with pytest.raises(pocl.UnsupportedKernelError, match=r"atomicAdd\(\).*'cuda_atomic'|"
+                       r"'cuda_atomic'.*atomicAdd\(\)"):
+        pocl.compile(cuda_atomic)
+
+
+def test_dynamic_shared_memory_is_refused():
+    # TVM's OpenCL codegen prints shared.dyn buffers as private arrays: wrong, not an error.
+    with pytest.raises(pocl.UnsupportedKernelError, match="shared.dyn"):
+        pocl.compile(dynamic_shared)
+
+
+def test_launch_sequence_with_workspace_and_symbolic_shape(rng):
+    kernel = pocl.compile(two_kernels)
+    assert [launch.kernel for launch in kernel.launches] == ["two_kernels_kernel",
+                                                             "two_kernels_kernel_1"]
+    assert all(
+        any(isinstance(arg, pocl.WorkspaceArg) for arg in launch.args)
+        for launch in kernel.launches
+    )
+    assert [launch.block for launch in kernel.launches] == [(64, 1, 1), (64, 1, 1)]
+    a = rng.standard_normal((5, 64)).astype("float32")
+    _, c, n = kernel.run(a, np.full((5, 64), np.nan, dtype="float32"), 3)
+    assert int(n) == 3
+    np.testing.assert_array_equal(c, (a * np.float32(2) + np.float32(3))[:, ::-1])
+
+
+def test_float16_is_emulated_exactly(rng):
+    a = (rng.standard_normal(1024) * 8).astype("float16")
+    _, b, c = pocl.run(half_arith, a, np.zeros(1024, "float16"), np.full(1024, np.nan, "float32"))
+    # float32 arithmetic rounded once at the float16 store.
+    np.testing.assert_array_equal(b, (a.astype(np.float32) * 3 + 1).astype(np.float16))
+    np.testing.assert_array_equal(c, a.astype(np.float32))
+
+
+def test_bfloat16_as_ml_dtypes_or_bits(rng):
+    a = rng.standard_normal(1024).astype(ml_dtypes.bfloat16)
+    expected = (a.astype(np.float32) * 3).astype(ml_dtypes.bfloat16)
+    _, out = pocl.run(bf16_scale, a, np.zeros(1024, ml_dtypes.bfloat16))
+    np.testing.assert_array_equal(out.view(np.uint16), expected.view(np.uint16))
+    _, bits = pocl.run(bf16_scale, a.view(np.uint16), np.zeros(1024, np.uint16))
+    np.testing.assert_array_equal(bits, expected.view(np.uint16))
+
+
+def test_time_is_positive(rng):
+    func = reference_schedule(gemm(64, 64, 32)).mod
+    a = rng.standard_normal((64, 32)).astype("float32")
+    b = rng.standard_normal((32, 64)).astype("float32")
+    seconds = pocl.time(func, a, b, np.zeros((64, 64), "float32"), repeat=3)
+    assert isinstance(seconds, float) and seconds > 0
+
+
+@pytest.mark.parametrize(
+    "args, found",
+    [
+        (((64, 32), (32, 64)), "takes 3 arguments; found 2"),
+        (((64, 32), (32, 64), (64, 63)), r"expects shape C: float32\[64, 64\]; found \(64, 63\)"),
+        (((64, 32), (32, 64), (64, 64, 1)), "expects 2 dimensions"),
+    ],
+)
+def test_mismatched_arguments(args, found):
+    kernel = pocl.compile(reference_schedule(gemm(64, 64, 32)).mod)
+    with pytest.raises(pocl.ArgumentError, match=found):
+        kernel.run(*(np.zeros(shape, "float32") for shape in args))
+
+
+def test_mismatched_dtype_and_symbolic_extent():
+    kernel = pocl.compile(reference_schedule(gemm(64, 64, 32)).mod)
+    with pytest.raises(pocl.ArgumentError, match="expects dtype float32; found float64"):
+        kernel.run(np.zeros((64, 32)), np.zeros((32, 64), "float32"), np.zeros((64, 64), "float32"))
+    with pytest.raises(pocl.ArgumentError, match="symbolic extent m is 6 .* set it to 5"):
+        pocl.run(two_kernels, np.zeros((5, 64), "float32"), np.zeros((6, 64), "float32"), 1)
+
+
+def test_compute_units():
+    assert pocl.compute_units() >= 1

@@ -1,0 +1,117 @@
+"""One failing fixture per applicability condition of ``stream_k``."""
+
+import pytest
+import tvm
+from tvm.script import tirx as T
+
+import tvm_streamk
+from tvm_streamk import analysis, workloads
+from tvm_streamk.errors import StreamKError
+
+OPENCL = tvm.target.Target({"kind": "opencl"})
+
+
+def _expect(condition: str, sch, block="C_update", **kwargs):
+    kwargs.setdefault("num_sms", 4)
+    kwargs.setdefault("target", OPENCL)
+    with pytest.raises(StreamKError) as info:
+        tvm_streamk.stream_k(sch, block, **kwargs)
+    err = info.value
+    assert err.condition == condition
+    assert f"[{condition}]" in str(err)
+    assert isinstance(err, tvm.s_tir.ScheduleError)
+    return err
+
+
+def test_refuses_a_block_without_a_tile_band():
+    sch = tvm.s_tir.Schedule(workloads.gemm(64, 64, 64))
+    err = _expect(analysis.COND_BAND, sch, block="C")
+    assert "blockIdx" in str(err)
+
+
+def test_refuses_a_tile_band_below_a_serial_loop():
+    sch = tvm.s_tir.Schedule(workloads.gemm(64, 64, 64))
+    i, _, _ = sch.get_loops(sch.get_sblock("C"))
+    _, inner = sch.split(i, [2, None])
+    sch.bind(inner, "blockIdx.x")
+    err = _expect(analysis.COND_BAND, sch, block="C")
+    assert "outside the blockIdx loops" in str(err)
+
+
+# fmt: off
+@T.prim_func(s_tir=True)
+def max_reduction(A: T.Buffer((64, 64), "float32"), B: T.Buffer((64, 64), "float32"),
+                  C: T.Buffer((64, 64), "float32")):
+    for i, j, k in T.grid(64, 64, 64):
+        with T.sblock("C"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(-3.0e38)
+            C[vi, vj] = T.max(C[vi, vj], A[vi, vk] * B[vk, vj])
+
+
+@T.prim_func(s_tir=True)
+def symbolic_k(a: T.handle, b: T.handle, c: T.handle):
+    K = T.int32()
+    A = T.match_buffer(a, (64, K), "float32")
+    B = T.match_buffer(b, (K, 64), "float32")
+    C = T.match_buffer(c, (64, 64), "float32")
+    for i, j, k in T.grid(64, 64, K):
+        with T.sblock("C"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * B[vk, vj]
+# fmt: on
+
+
+def test_refuses_a_non_add_reduction():
+    sch = workloads.reference_schedule(max_reduction)
+    err = _expect(analysis.COND_REDUCTION, sch)
+    assert "associative Add" in str(err)
+
+
+def test_refuses_a_symbolic_panel_count():
+    sch = workloads.reference_schedule(symbolic_k)
+    err = _expect(analysis.COND_PANEL, sch)
+    assert "compile-time panel count" in str(err)
+
+
+def test_refuses_an_accumulator_in_global_memory():
+    sch = tvm.s_tir.Schedule(workloads.gemm(64, 64, 64))
+    blk = sch.get_sblock("C")
+    i, j, k = sch.get_loops(blk)
+    bi, ti = sch.split(i, [None, 8])
+    bj, tj = sch.split(j, [None, 8])
+    ko, ki = sch.split(k, [None, 8])
+    sch.reorder(bi, bj, ti, tj, ko, ki)
+    sch.bind(bi, "blockIdx.y")
+    sch.bind(bj, "blockIdx.x")
+    sch.bind(ti, "threadIdx.y")
+    sch.bind(tj, "threadIdx.x")
+    sch.decompose_reduction(blk, ko)
+    err = _expect(analysis.COND_ACCUMULATOR, sch)
+    assert "'global'" in str(err)
+
+
+def test_refuses_an_accumulator_dtype_without_atomics():
+    sch = workloads.reference_schedule(
+        workloads.gemm(64, 64, 64, in_dtype="float16", acc_dtype="float16")
+    )
+    err = _expect(analysis.COND_ATOMIC, sch)
+    assert "float16" in str(err) and "workspace" in str(err)
+
+
+def test_refuses_a_fused_epilogue_with_atomics():
+    sch = workloads.reference_schedule(
+        workloads.gemm(64, 64, 64, epilogue="bias_relu", out_dtype="float16")
+    )
+    err = _expect(analysis.COND_EPILOGUE, sch)
+    assert "epilogue" in str(err)
+
+
+def test_asks_for_num_sms_when_the_gpu_is_unknown():
+    sch = workloads.reference_schedule(workloads.gemm(64, 64, 64))
+    with pytest.raises(StreamKError) as info:
+        tvm_streamk.stream_k(sch, "C_update", target=OPENCL)
+    assert "num_sms" in str(info.value)

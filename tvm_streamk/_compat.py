@@ -1,0 +1,63 @@
+"""The one place that knows which TVM names moved between versions.
+
+The package targets the installed apache-tvm 0.27; every import of a moved name goes through here
+so that a future TVM rename is a one-file change.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+
+Schedule = s_tir.Schedule
+ScheduleError = s_tir.ScheduleError
+meta_schedule = s_tir.meta_schedule
+dlight = s_tir.dlight
+
+# ``tvm.tirx.build`` is shadowed by the ``build`` function on the package.
+tir_build_module = importlib.import_module("tvm.tirx.build")
+split_host_device_mods = tir_build_module.split_host_device_mods
+
+structural_walk = tvm_ffi.structural_walk
+structural_hash = tvm_ffi.structural_hash
+structural_equal = tvm_ffi.structural_equal
+structural_map = tvm_ffi.structural_map
+
+get_tir_pipeline = tirx.get_tir_pipeline
+register_tir_pipeline = tirx.register_tir_pipeline
+
+SBlock = s_tir.SBlock
+SBlockRealize = s_tir.SBlockRealize
+Call = tvm.ir.Call
+
+
+def target(value) -> tvm.target.Target:
+    """Return a ``Target`` from a ``Target``, a tag (``"nvidia/nvidia-h100"``) or a config dict.
+
+    TVM 0.27 refuses CLI-style strings such as ``"cuda -arch=sm_90"``; tags and dicts work.
+    """
+    if isinstance(value, tvm.target.Target):
+        return value
+    return tvm.target.Target(value)
+
+
+# ``tirx.BufferLoad`` is a constructor function in 0.27; the node class is ``tvm.ir.TensorLoad``.
+BufferLoadNode = tvm.ir.TensorLoad
+
+
+def loaded_buffer(load) -> tirx.Buffer:
+    """The buffer a ``TensorLoad`` or ``TensorRegion`` refers to (``.buffer`` before 0.27)."""
+    return load.source
+
+
+def param_buffers(func: tirx.PrimFunc) -> list[tirx.Buffer]:
+    """The buffers of a PrimFunc's parameters, in order (0.27 params are the buffers themselves)."""
+    return list(func.params)
+
+
+def dtype_of(expr) -> str:
+    """The dtype of a scalar TIR expression or variable, as a string."""
+    return str(expr.ty)

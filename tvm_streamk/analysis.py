@@ -1,0 +1,438 @@
+"""Find the parts of a tiled GPU reduction that Stream-K rewrites. Pure: never mutates IR.
+
+A kernel qualifies when its reduction block sits under a band of ``blockIdx``-bound loops (one
+output tile per block), reduces over a serial *panel loop* inside that band into an accumulator in
+registers, and a write-back after the panel loop moves the accumulator to global memory. The
+analysis locates all of that from the IR itself (bindings, scopes, data flow), never from names,
+and reports each unmet condition as a :class:`~tvm_streamk.errors.StreamKError`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tvm import tirx
+
+from ._compat import (
+    BufferLoadNode,
+    SBlock,
+    SBlockRealize,
+    dtype_of,
+    loaded_buffer,
+    structural_equal,
+    structural_walk,
+)
+from .errors import StreamKError
+
+# Scopes of registers and of tensor-core fragments an accumulator may live in.
+REGISTER_SCOPES = ("local",)
+FRAGMENT_SCOPES = ("wmma.accumulator", "m16n8k8.matrixC", "m16n8k16.matrixC", "metal.simdgroup")
+
+# Condition names, used in error messages and by tests to tell the failures apart.
+COND_BLOCK = "reduction-block"
+COND_BAND = "tile-band"
+COND_REDUCTION = "associative-add"
+COND_PANEL = "constant-panels"
+COND_ACCUMULATOR = "register-accumulator"
+COND_WRITEBACK = "global-writeback"
+COND_EPILOGUE = "no-epilogue"
+COND_ATOMIC = "atomic-dtype"
+
+
+@dataclass(frozen=True)
+class WriteBack:
+    """A block that reads the accumulator after the reduction and stores a global buffer."""
+
+    block: SBlock
+    output: tirx.Buffer
+    plain_copy: bool  # ``out[idx] = acc[idx]`` with one dtype: linear, so atomics may merge it
+
+
+@dataclass(frozen=True)
+class StreamKSite:
+    """What the rewrite needs to know about one tiled reduction."""
+
+    block: SBlock
+    band: tuple[tirx.For, ...]
+    panel_loop: tirx.For
+    accumulator: tirx.Buffer
+    init_block: SBlock | None
+    writebacks: tuple[WriteBack, ...]
+    has_init: bool = field(default=False)
+
+    @property
+    def band_extents(self) -> tuple[int, ...]:
+        return tuple(int(loop.extent) for loop in self.band)
+
+    @property
+    def tiles(self) -> int:
+        return math.prod(self.band_extents)
+
+    @property
+    def panels(self) -> int:
+        return int(self.panel_loop.extent)
+
+    @property
+    def band_tags(self) -> tuple[str, ...]:
+        return tuple(loop.thread_binding.thread_tag for loop in self.band)
+
+    @property
+    def index_dtype(self) -> str:
+        """The integer type of the tile band's loop variables, used for all new index arithmetic."""
+        return dtype_of(self.band[0].loop_var)
+
+    @property
+    def accumulator_dtype(self) -> str:
+        return str(self.accumulator.dtype)
+
+    @property
+    def fragment_accumulator(self) -> bool:
+        return self.accumulator.scope() in FRAGMENT_SCOPES
+
+    @property
+    def epilogue(self) -> bool:
+        return any(not wb.plain_copy for wb in self.writebacks)
+
+
+def find_block_path(func: tirx.PrimFunc, name: str) -> list:
+    """The statements from the function body down to the realize of block ``name`` (inclusive)."""
+    path: list = []
+
+    def visit(stmt) -> bool:
+        path.append(stmt)
+        if isinstance(stmt, SBlockRealize):
+            if stmt.block.name_hint == name:
+                return True
+            if visit(stmt.block.body):
+                return True
+        elif isinstance(stmt, tirx.SeqStmt):
+            if any(visit(s) for s in stmt.seq):
+                return True
+        elif isinstance(stmt, tirx.For | tirx.While):
+            if visit(stmt.body):
+                return True
+        elif isinstance(stmt, tirx.IfThenElse):
+            if visit(stmt.then_case) or (stmt.else_case is not None and visit(stmt.else_case)):
+                return True
+        path.pop()
+        return False
+
+    if not visit(func.body):
+        raise StreamKError(
+            COND_BLOCK,
+            f"no block named {name!r} in the function",
+            "Pass the reduction block of the kernel (its update block).",
+        )
+    return path
+
+
+def blocks_under(stmt) -> list[SBlock]:
+    """Every block realized below ``stmt``, in program order."""
+    found: list[SBlock] = []
+
+    def on_block(block):
+        found.append(block)
+
+    structural_walk(stmt, (SBlock, on_block), order="pre")
+    return found
+
+
+def _uses_var(expr, var: tirx.Var) -> bool:
+    hit = []
+    structural_walk(expr, (tirx.Var, lambda v: hit.append(True) if v.same_as(var) else None))
+    return bool(hit)
+
+
+def _reads(block: SBlock, buffer: tirx.Buffer) -> bool:
+    if any(loaded_buffer(r).same_as(buffer) for r in block.reads):
+        return True
+    hit = []
+    structural_walk(
+        block.body,
+        (
+            BufferLoadNode,
+            lambda ld: hit.append(True) if loaded_buffer(ld).same_as(buffer) else None,
+        ),
+    )
+    return bool(hit)
+
+
+def _writes(block: SBlock, buffer: tirx.Buffer) -> bool:
+    return any(loaded_buffer(w).same_as(buffer) for w in block.writes)
+
+
+def _is_zero(expr) -> bool:
+    return isinstance(expr, tirx.IntImm | tirx.FloatImm) and float(expr.value) == 0.0
+
+
+def _check_add_update(block: SBlock) -> tirx.Buffer:
+    """The block must be ``acc[idx] = acc[idx] + rhs`` (either order) over one written buffer."""
+    body = block.body
+    if len(block.writes) != 1 or not isinstance(body, tirx.BufferStore):
+        raise StreamKError(
+            COND_REDUCTION,
+            f"block {block.name_hint!r} writes {len(block.writes)} buffers with a "
+            f"{type(body).__name__} body",
+            "Stream-K rewrites a block whose body is one store `acc[i] = acc[i] + x`.",
+        )
+    acc = body.buffer
+    value = body.value
+
+    def is_self_load(e) -> bool:
+        return (
+            isinstance(e, BufferLoadNode)
+            and loaded_buffer(e).same_as(acc)
+            and len(e.indices) == len(body.indices)
+            and all(structural_equal(a, b) for a, b in zip(e.indices, body.indices))
+        )
+
+    if not (isinstance(value, tirx.Add) and (is_self_load(value.a) or is_self_load(value.b))):
+        raise StreamKError(
+            COND_REDUCTION,
+            f"block {block.name_hint!r} updates {acc.name} with `{value}`",
+            "Only associative Add reductions (acc = acc + x) can be split across blocks; "
+            "schedule other reductions data-parallel.",
+        )
+    if block.init is not None and not (
+        isinstance(block.init, tirx.BufferStore) and _is_zero(block.init.value)
+    ):
+        raise StreamKError(
+            COND_REDUCTION,
+            f"block {block.name_hint!r} initialises {acc.name} with `{block.init}`",
+            "A split reduction needs the Add identity (0) as its initial value.",
+        )
+    return acc
+
+
+def analyze(func: tirx.PrimFunc, block_name: str) -> StreamKSite:
+    """Locate the tile band, panel loop, accumulator, init and write-back of ``block_name``.
+
+    Raises
+    ------
+    StreamKError
+        Naming the first unmet precondition.
+    """
+    path = find_block_path(func, block_name)
+    realize: SBlockRealize = path[-1]
+    block = realize.block
+    acc = _check_add_update(block)
+
+    reduce_vars = [
+        value
+        for iv, value in zip(block.iter_vars, realize.iter_values)
+        if iv.iter_type == tirx.IterVar.CommReduce
+    ]
+    if not reduce_vars:
+        raise StreamKError(
+            COND_BLOCK,
+            f"block {block.name_hint!r} has no reduction axis",
+            "Pass the reduction (update) block of the GEMM-like kernel.",
+        )
+    spatial_values = [
+        value
+        for iv, value in zip(block.iter_vars, realize.iter_values)
+        if iv.iter_type != tirx.IterVar.CommReduce
+    ]
+
+    loops = [s for s in path if isinstance(s, tirx.For)]
+    band = _tile_band(path, block, loops, reduce_vars)
+    panel = _panel_loop(block, loops[len(band) :], reduce_vars, spatial_values)
+
+    scope = acc.scope()
+    if scope not in REGISTER_SCOPES + FRAGMENT_SCOPES:
+        raise StreamKError(
+            COND_ACCUMULATOR,
+            f"block {block.name_hint!r} accumulates into {acc.name} in scope {scope!r}",
+            "Accumulate in registers: `sch.cache_write(block, 0, 'local')` and "
+            "`sch.reverse_compute_at` it under the thread loops.",
+        )
+
+    band_body = band[-1].body
+    in_panel = {b.name_hint for b in blocks_under(panel)}
+    init_block = None
+    writebacks = []
+    for other in blocks_under(band_body):
+        if other.same_as(block):
+            continue
+        if _writes(other, acc) and other.name_hint not in in_panel:
+            if not (isinstance(other.body, tirx.BufferStore) and _is_zero(other.body.value)):
+                raise StreamKError(
+                    COND_REDUCTION,
+                    f"block {other.name_hint!r} initialises {acc.name} with `{other.body}`",
+                    "A split reduction needs the Add identity (0) as its initial value.",
+                )
+            init_block = other
+        elif _writes(other, acc):
+            raise StreamKError(
+                COND_REDUCTION,
+                f"block {other.name_hint!r} also writes the accumulator {acc.name} inside the "
+                "panel loop",
+                "Keep a single update block per accumulator.",
+            )
+        elif _reads(other, acc):
+            if other.name_hint in in_panel:
+                raise StreamKError(
+                    COND_WRITEBACK,
+                    f"block {other.name_hint!r} reads the accumulator inside the panel loop",
+                    "Read the accumulator only after the reduction.",
+                )
+            writebacks.append(_writeback(other, acc))
+    if block.init is None and init_block is None:
+        raise StreamKError(
+            COND_REDUCTION,
+            f"no block initialises the accumulator {acc.name} inside the tile band",
+            "Use a block with T.init, or decompose_reduction at the panel loop.",
+        )
+    if not writebacks:
+        raise StreamKError(
+            COND_WRITEBACK,
+            f"no block inside the tile band reads the accumulator {acc.name}",
+            "Stage the accumulator in registers and write it back per tile (cache_write + "
+            "reverse_compute_at under the thread loops).",
+        )
+    _check_accumulator_private(func, band, acc)
+    return StreamKSite(
+        block=block,
+        band=tuple(band),
+        panel_loop=panel,
+        accumulator=acc,
+        init_block=init_block,
+        writebacks=tuple(writebacks),
+        has_init=block.init is not None,
+    )
+
+
+def _tile_band(path, block, loops, reduce_vars) -> list[tirx.For]:
+    band: list[tirx.For] = []
+    for loop in loops:
+        binding = loop.thread_binding
+        if binding is not None and binding.thread_tag.startswith("blockIdx"):
+            band.append(loop)
+        else:
+            break
+    if not band:
+        found = (
+            "no blockIdx-bound loop above it"
+            if not any(
+                lp.thread_binding is not None
+                and lp.thread_binding.thread_tag.startswith("blockIdx")
+                for lp in loops
+            )
+            else f"loop {loops[0].loop_var.name} ({_kind(loops[0])}) outside the blockIdx loops"
+        )
+        raise StreamKError(
+            COND_BAND,
+            f"block {block.name_hint!r} has {found}",
+            "Bind the output-tile loops to blockIdx as the outermost loops of the kernel.",
+        )
+    for outer, inner in zip(band, band[1:]):
+        if not outer.body.same_as(inner):
+            raise StreamKError(
+                COND_BAND,
+                f"blockIdx loops {outer.loop_var.name} and {inner.loop_var.name} are not "
+                "perfectly nested",
+                "Keep the blockIdx loops directly nested.",
+            )
+    for loop in band:
+        if not isinstance(loop.extent, tirx.IntImm):
+            raise StreamKError(
+                COND_PANEL,
+                f"blockIdx loop {loop.loop_var.name} has the non-constant extent {loop.extent}",
+                "Stream-K needs compile-time tile counts: specialise the shape first.",
+            )
+        if any(_uses_var(v, loop.loop_var) for v in reduce_vars):
+            raise StreamKError(
+                COND_BAND,
+                f"blockIdx loop {loop.loop_var.name} indexes the reduction axis",
+                "The blockIdx band must tile only spatial (output) axes; a block-split "
+                "reduction (rfactor) is already a split-K.",
+            )
+    nested = [
+        lp
+        for lp in loops[len(band) :]
+        if lp.thread_binding is not None and lp.thread_binding.thread_tag.startswith("blockIdx")
+    ]
+    if nested:
+        raise StreamKError(
+            COND_BAND,
+            f"blockIdx loop {nested[0].loop_var.name} sits below non-blockIdx loops",
+            "Bind the output-tile loops to blockIdx as the outermost loops of the kernel.",
+        )
+    return band
+
+
+def _kind(loop: tirx.For) -> str:
+    if loop.thread_binding is not None:
+        return f"bound to {loop.thread_binding.thread_tag}"
+    return str(tirx.ForKind(int(loop.kind)).name.lower())
+
+
+def _panel_loop(block, inner_loops, reduce_vars, spatial_values) -> tirx.For:
+    for loop in inner_loops:
+        if any(_uses_var(v, loop.loop_var) for v in reduce_vars):
+            if loop.thread_binding is not None or int(loop.kind) != int(tirx.ForKind.SERIAL):
+                raise StreamKError(
+                    COND_PANEL,
+                    f"the outermost reduction loop {loop.loop_var.name} is {_kind(loop)}",
+                    "Stream-K splits a serial K-panel loop; keep the outer reduction loop serial.",
+                )
+            if any(_uses_var(v, loop.loop_var) for v in spatial_values):
+                raise StreamKError(
+                    COND_PANEL,
+                    f"the panel loop {loop.loop_var.name} also indexes output axes",
+                    "Split K into its own loop.",
+                )
+            if not isinstance(loop.extent, tirx.IntImm) or not _is_zero(loop.min):
+                raise StreamKError(
+                    COND_PANEL,
+                    f"the panel loop {loop.loop_var.name} runs over [{loop.min}, "
+                    f"{loop.min} + {loop.extent})",
+                    "Stream-K needs a compile-time panel count starting at 0: specialise K.",
+                )
+            return loop
+    raise StreamKError(
+        COND_PANEL,
+        f"no serial loop inside the tile band iterates the reduction of {block.name_hint!r}",
+        "Split K into panels inside the blockIdx band (sch.split on the reduction loop).",
+    )
+
+
+def _writeback(block: SBlock, acc: tirx.Buffer) -> WriteBack:
+    body = block.body
+    if not isinstance(body, tirx.BufferStore) or len(block.writes) != 1:
+        raise StreamKError(
+            COND_WRITEBACK,
+            f"write-back block {block.name_hint!r} has a {type(body).__name__} body",
+            "The write-back must be one store of the tile to a global buffer.",
+        )
+    out = body.buffer
+    if out.scope() != "global":
+        raise StreamKError(
+            COND_WRITEBACK,
+            f"write-back block {block.name_hint!r} stores to {out.name} in scope {out.scope()!r}",
+            "The accumulator must be written back to global memory.",
+        )
+    plain = (
+        isinstance(body.value, BufferLoadNode)
+        and loaded_buffer(body.value).same_as(acc)
+        and str(out.dtype) == str(acc.dtype)
+    )
+    return WriteBack(block=block, output=out, plain_copy=plain)
+
+
+def _check_accumulator_private(func, band, acc) -> None:
+    """The accumulator must be used only inside the tile band (it is rebuilt per segment)."""
+    outside = [
+        b
+        for b in blocks_under(func.body)
+        if b.name_hint != "root"
+        and (_reads(b, acc) or _writes(b, acc))
+        and b.name_hint not in {x.name_hint for x in blocks_under(band[0])}
+    ]
+    if outside:
+        raise StreamKError(
+            COND_ACCUMULATOR,
+            f"block {outside[0].name_hint!r} uses the accumulator {acc.name} outside the tile band",
+            "Keep the accumulator private to the kernel's tile loop.",
+        )

@@ -1,0 +1,102 @@
+"""How a Stream-K decision is recorded on a block, so that traces print, serialise and replay.
+
+Python cannot register a trace instruction, so :func:`tvm_streamk.stream_k` records its decision as
+stock ``annotate`` instructions on the reduction block. Every value is an ``int32`` ``IntImm`` (or
+an ``ExprRV`` sampled by MetaSchedule), never a string: that keeps the trace JSON-serialisable and
+keeps the stock postprocs, which expect TIR values, happy. The lowering pass reads them back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import tirx
+
+PREFIX = "tvm_streamk."
+KEY_POLICY = PREFIX + "policy"
+KEY_NUM_SMS = PREFIX + "num_sms"
+KEY_BLOCKS_PER_SM = PREFIX + "blocks_per_sm"
+KEY_SPLITS = PREFIX + "splits"
+KEY_FIXUP = PREFIX + "fixup"
+KEY_GROUP = PREFIX + "group"
+KEYS = (KEY_POLICY, KEY_NUM_SMS, KEY_BLOCKS_PER_SM, KEY_SPLITS, KEY_FIXUP, KEY_GROUP)
+
+# (policy, hybrid variant) <-> code. Concrete policies only: "heuristic" is resolved before it is
+# recorded, so a replayed trace never re-runs the model.
+POLICY_CODES = {
+    ("data_parallel", None): 0,
+    ("split_k", None): 1,
+    ("stream_k", None): 2,
+    ("hybrid", "one_tile"): 3,
+    ("hybrid", "two_tile"): 4,
+}
+POLICY_NAMES = {code: key for key, code in POLICY_CODES.items()}
+FIXUP_CODES = {"atomic": 0, "workspace": 1}
+FIXUP_NAMES = {code: name for name, code in FIXUP_CODES.items()}
+# num_sms recorded as 0 means: read the multiprocessor count of the device at run time.
+DEVICE_SMS = 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A decoded Stream-K decision."""
+
+    policy: str
+    variant: str | None
+    num_sms: int
+    blocks_per_sm: int
+    splits: int
+    fixup: str
+    group: int
+
+    def as_annotations(self) -> dict[str, tirx.IntImm]:
+        def imm(v: int) -> tirx.IntImm:
+            return tirx.IntImm("int32", int(v))
+
+        return {
+            KEY_POLICY: imm(POLICY_CODES[(self.policy, self.variant)]),
+            KEY_NUM_SMS: imm(self.num_sms),
+            KEY_BLOCKS_PER_SM: imm(self.blocks_per_sm),
+            KEY_SPLITS: imm(self.splits),
+            KEY_FIXUP: imm(FIXUP_CODES[self.fixup]),
+            KEY_GROUP: imm(self.group),
+        }
+
+
+def has_decision(annotations) -> bool:
+    return KEY_POLICY in annotations
+
+
+def decode(annotations, where: str) -> Decision:
+    """Read a :class:`Decision` from a block's annotations; ``where`` names the block in errors."""
+    missing = [k for k in KEYS if k not in annotations]
+    if missing:
+        raise ValueError(f"block {where!r} carries a partial Stream-K decision: {missing} missing")
+
+    def as_int(key: str) -> int:
+        value = annotations[key]
+        if not isinstance(value, tirx.IntImm | int):
+            raise ValueError(f"annotation {key} of block {where!r} must be an int; found {value!r}")
+        return int(value.value if isinstance(value, tirx.IntImm) else value)
+
+    policy_code, fixup_code = as_int(KEY_POLICY), as_int(KEY_FIXUP)
+    if policy_code not in POLICY_NAMES:
+        raise ValueError(
+            f"annotation {KEY_POLICY}={policy_code} of block {where!r} is not one of "
+            f"{sorted(POLICY_NAMES)}"
+        )
+    if fixup_code not in FIXUP_NAMES:
+        raise ValueError(
+            f"annotation {KEY_FIXUP}={fixup_code} of block {where!r} is not one of "
+            f"{sorted(FIXUP_NAMES)}"
+        )
+    policy, variant = POLICY_NAMES[policy_code]
+    return Decision(
+        policy=policy,
+        variant=variant,
+        num_sms=as_int(KEY_NUM_SMS),
+        blocks_per_sm=as_int(KEY_BLOCKS_PER_SM),
+        splits=as_int(KEY_SPLITS),
+        fixup=FIXUP_NAMES[fixup_code],
+        group=as_int(KEY_GROUP),
+    )

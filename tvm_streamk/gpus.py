@@ -1,0 +1,134 @@
+"""The one table of known GPUs: SM counts by TVM target tag and, where unambiguous, by arch.
+
+Stream-K sizes its grid from the SM count, which TVM targets do not carry. The count comes from,
+in order: an explicit ``num_sms``, the target's tag, the target's arch when every GPU of that
+arch has the same count, else :class:`UnknownGPUError`. Pass the device's own count
+(``tvm.cuda(0).multi_processor_count``) when a GPU is at hand; the table is for compiling without
+one.
+"""
+
+from __future__ import annotations
+
+import operator
+from types import MappingProxyType
+from typing import Any
+
+__all__ = ["SM_COUNT_BY_ARCH", "SM_COUNT_BY_TAG", "UnknownGPUError", "resolve_num_sms"]
+
+
+class UnknownGPUError(ValueError):
+    """No SM count can be found for a target, or the one given is not a positive int.
+
+    The message says which tag and arch were found and asks for ``num_sms=``.
+    """
+
+
+SM_COUNT_BY_TAG = MappingProxyType(
+    {
+        # TVM's tag does not say SXM or PCIe; SXM (132) is the part GEMM-bound deployments use.
+        # An H100 PCIe has 114 SMs: pass num_sms=114 or the tag below.
+        "nvidia/nvidia-h100": 132,
+        "nvidia/nvidia-a100": 108,
+        "nvidia/nvidia-a30": 56,
+        "nvidia/nvidia-a40": 84,
+        "nvidia/nvidia-a10": 72,
+        "nvidia/nvidia-a2": 10,
+        "nvidia/nvidia-v100": 80,
+        "nvidia/nvidia-t4": 40,
+        "nvidia/nvidia-titan-v": 80,
+        "nvidia/nvidia-titan-rtx": 72,
+        "nvidia/rtx-a6000": 84,
+        "nvidia/quadro-gv100": 80,
+        "nvidia/quadro-gp100": 56,
+        "nvidia/quadro-rtx-8000": 72,
+        "nvidia/quadro-rtx-6000": 72,
+        "nvidia/tesla-p100": 56,
+        "nvidia/geforce-rtx-4090": 128,
+        "nvidia/geforce-rtx-3090-ti": 84,
+        "nvidia/geforce-rtx-3090": 82,
+        "nvidia/geforce-rtx-3080-ti": 80,
+        "nvidia/geforce-rtx-2080-ti": 68,
+        "nvidia/jetson-agx-orin-64gb": 16,
+        "nvidia/jetson-agx-orin-32gb": 14,
+        "nvidia/jetson-agx-xavier": 8,
+        # Not registered in TVM 0.27; matched when a user-registered target carries the tag.
+        "nvidia/nvidia-h100-pcie": 114,
+        "nvidia/nvidia-h200": 132,
+        "nvidia/nvidia-l4": 58,
+        "nvidia/nvidia-l40s": 142,
+    }
+)
+"""SM count by TVM target tag."""
+
+SM_COUNT_BY_ARCH = MappingProxyType(
+    {
+        # Only archs where every product has the same count: sm_60 is GP100 alone (P100, Quadro
+        # GP100), sm_70 is GV100 alone (V100 in all forms, Titan V, Quadro GV100). sm_80 (A100
+        # 108, A30 56), sm_86, sm_89 and sm_90 (H100 SXM 132, PCIe 114, H20 78) are ambiguous.
+        "sm_60": 56,
+        "sm_70": 80,
+    }
+)
+"""SM count by CUDA arch, only where the arch determines it."""
+
+
+def _check_positive(num_sms: Any) -> int:
+    if isinstance(num_sms, bool):
+        raise UnknownGPUError(f"num_sms must be a positive int, found the bool {num_sms!r}")
+    try:
+        value = operator.index(num_sms)
+    except TypeError:
+        raise UnknownGPUError(
+            f"num_sms must be a positive int, found {num_sms!r} ({type(num_sms).__name__})"
+        ) from None
+    if value < 1:
+        raise UnknownGPUError(f"num_sms must be a positive int, found {value}")
+    return value
+
+
+def resolve_num_sms(
+    num_sms: int | None = None, tag: str | None = None, arch: str | None = None
+) -> int:
+    """The SM count to plan for.
+
+    Parameters
+    ----------
+    num_sms : int, optional
+        Explicit count; wins when given.
+    tag : str, optional
+        The target's tag, e.g. ``target.tag`` (``"nvidia/nvidia-a100"``); empty means none.
+    arch : str, optional
+        The target's arch, e.g. ``target.arch`` (``"sm_80"``); empty means none.
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    UnknownGPUError
+        When ``num_sms`` is not a positive int, or neither the tag nor the arch is in the table.
+
+    Examples
+    --------
+    >>> resolve_num_sms(tag="nvidia/nvidia-a100")
+    108
+    >>> resolve_num_sms(96, tag="nvidia/nvidia-a100")
+    96
+    """
+    if num_sms is not None:
+        return _check_positive(num_sms)
+    if tag and tag in SM_COUNT_BY_TAG:
+        return SM_COUNT_BY_TAG[tag]
+    if arch and arch in SM_COUNT_BY_ARCH:
+        return SM_COUNT_BY_ARCH[arch]
+    hint = (
+        f" ({arch} spans GPUs with different SM counts)"
+        if arch and arch.rstrip("af") in {"sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"}
+        else ""
+    )
+    raise UnknownGPUError(
+        f"no SM count known for target tag {tag or None!r}, arch {arch or None!r}{hint}; pass "
+        "num_sms= (the GPU's multiprocessor count: tvm.cuda(0).multi_processor_count on the "
+        "device, or its data sheet)"
+    )

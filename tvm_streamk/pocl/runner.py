@@ -1,0 +1,220 @@
+"""Compiling lowered kernels with pyopencl and running them on the PoCL CPU device."""
+
+from __future__ import annotations
+
+import collections
+import statistics
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+
+from .._compat import structural_equal, structural_hash
+from . import device
+from .errors import KernelBuildError, PoclError
+from .launch import BufferArg, LaunchPlan, ScalarArg, WorkspaceArg, extract_launches
+from .lowering import Lowered, lower, select_primfunc
+from .signature import Param, check_arguments, signature
+
+# Workspaces start as all-ones bytes (NaN for floats, -1 for integers), as a GPU allocation would
+# start with garbage: a kernel that reads a workspace before writing it shows up in the results.
+_POISON = np.uint8(0xFF)
+
+
+class CompiledKernel:
+    """A PrimFunc lowered for OpenCL and compiled by PoCL, ready to run many times.
+
+    Attributes
+    ----------
+    name : str
+        The PrimFunc's name.
+    params : tuple[Param, ...]
+        Its signature; :meth:`run` takes one argument per entry.
+    source : str
+        The OpenCL C source that was compiled.
+    launches : tuple[Launch, ...]
+        The kernel launches one call makes, in order: kernel name, arguments, grid and block.
+    workspaces : tuple[Workspace, ...]
+        Global buffers the host function allocates between launches.
+    """
+
+    def __init__(self, lowered: Lowered, params: tuple[Param, ...], plan: LaunchPlan):
+        import pyopencl as cl
+
+        self.name = lowered.name
+        self.params = params
+        self.source = lowered.source
+        self.launches = plan.launches
+        self.workspaces = plan.workspaces
+        self._plan = plan
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", cl.CompilerWarning)
+                program = cl.Program(device.context(), self.source).build()
+        except cl.Error as err:
+            raise KernelBuildError(
+                f"PoCL could not compile the OpenCL generated for {self.name!r}: {err}"
+            ) from err
+        self.build_log = "\n".join(str(w.message) for w in caught)
+        self._kernels = {k.function_name: k for k in program.all_kernels()}
+        self._program = program
+
+    def __repr__(self) -> str:
+        launches = "; ".join(str(launch) for launch in self.launches)
+        return f"CompiledKernel({self.name}: {launches})"
+
+    def run(self, *arrays) -> list[np.ndarray]:
+        """Run every launch once on fresh copies of ``arrays``; return all arguments after it.
+
+        Buffers come back as new numpy arrays (the inputs are not modified), scalars as 0-d
+        arrays, in the order of the signature.
+
+        Raises
+        ------
+        ArgumentError
+            If ``arrays`` do not match :attr:`params`.
+        """
+        values = check_arguments(self.name, self.params, arrays)
+        buffers, launches = self._prepare(values)
+        q = device.queue()
+        for launch in launches:
+            self._enqueue(launch, buffers)
+        import pyopencl as cl
+
+        results = []
+        for param, value, buf in zip(self.params, values, buffers["params"]):
+            if not param.is_buffer:
+                results.append(value)
+                continue
+            out = np.empty_like(value)
+            if out.nbytes:
+                cl.enqueue_copy(q, out, buf)
+            results.append(out)
+        q.finish()
+        return results
+
+    def time(self, *arrays, repeat: int = 10, warmup: int = 1) -> float:
+        """Median seconds of one call's kernels (the sum of its launches), over ``repeat`` calls.
+
+        Inputs are copied to the device once; transfers are not timed. Outputs are discarded.
+        """
+        if repeat < 1:
+            raise ValueError(f"repeat must be at least 1; found {repeat}")
+        values = check_arguments(self.name, self.params, arrays)
+        buffers, launches = self._prepare(values)
+        samples = []
+        for i in range(warmup + repeat):
+            events = [self._enqueue(launch, buffers) for launch in launches]
+            device.queue().finish()
+            if i >= warmup:
+                samples.append(sum(e.profile.end - e.profile.start for e in events if e) * 1e-9)
+        return statistics.median(samples)
+
+    def _prepare(self, values: Sequence):
+        import pyopencl as cl
+
+        ctx, q = device.context(), device.queue()
+        mf = cl.mem_flags
+        launches, ws_sizes = self._plan.resolve(values)
+        params = []
+        for param, value in zip(self.params, values):
+            if not param.is_buffer:
+                params.append(None)
+            elif value.nbytes:
+                params.append(cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=value))
+            else:
+                params.append(cl.Buffer(ctx, mf.READ_WRITE, 1))
+        workspaces = []
+        for size in ws_sizes:
+            buf = cl.Buffer(ctx, mf.READ_WRITE, max(size, 1))
+            cl.enqueue_fill_buffer(q, buf, _POISON, 0, max(size, 1))
+            workspaces.append(buf)
+        return {"params": params, "workspaces": workspaces}, launches
+
+    def _enqueue(self, launch, buffers):
+        """Enqueue one resolved launch; return its event (``None`` for an empty grid)."""
+        import pyopencl as cl
+
+        if not launch.enabled or 0 in launch.grid or 0 in launch.block:
+            return None
+        args = []
+        for arg in launch.args:
+            if isinstance(arg, BufferArg):
+                args.append(buffers["params"][arg.param])
+            elif isinstance(arg, WorkspaceArg):
+                args.append(buffers["workspaces"][arg.workspace])
+            else:
+                assert isinstance(arg, ScalarArg)
+                args.append(np.dtype(arg.dtype).type(arg.value))
+        kernel = self._kernels[launch.kernel]
+        global_size = tuple(g * b for g, b in zip(launch.grid, launch.block))
+        try:
+            kernel.set_args(*args)
+            return cl.enqueue_nd_range_kernel(device.queue(), kernel, global_size, launch.block)
+        except cl.Error as err:
+            raise PoclError(
+                f"launching {launch.kernel} with grid {launch.grid} and block {launch.block} "
+                f"failed: {err}"
+            ) from err
+
+
+def compile(mod, pipeline: str = "default", *, func_name: str | None = None) -> CompiledKernel:  # noqa: A001
+    """Lower ``mod`` for OpenCL through the TIR pipeline ``pipeline`` and compile it with PoCL.
+
+    Parameters
+    ----------
+    mod : PrimFunc or IRModule
+        A GPU-scheduled PrimFunc (blockIdx/threadIdx bound), or a module holding one public
+        PrimFunc (``func_name`` picks among several).
+    pipeline : str
+        A name known to ``tvm.tirx.get_tir_pipeline``; ``"default"`` is ``"s_tir"``.
+
+    Raises
+    ------
+    UnsupportedKernelError
+        Before compiling, for tensor-core intrinsics, warp-fragment buffers, CUDA-only device
+        functions, dynamic shared memory, and host code that is more than a launch sequence.
+    KernelBuildError
+        When TVM or PoCL fail to build the kernel.
+    """
+    name, func = select_primfunc(mod, func_name)
+    params = signature(func, name)
+    lowered = lower(name, func, pipeline)
+    plan = extract_launches(lowered.host_func, lowered.device_funcs, params, name)
+    return CompiledKernel(lowered, params, plan)
+
+
+# Recently built kernels, so that repeated ``run``/``time`` calls on one schedule compile once.
+_CACHE_SIZE = 16
+_cache: collections.OrderedDict = collections.OrderedDict()
+
+
+def _cached(mod, pipeline: str, func_name: str | None) -> CompiledKernel:
+    name, func = select_primfunc(mod, func_name)
+    key = (structural_hash(func), name, pipeline)
+    for cached_func, kernel in _cache.get(key, ()):
+        if structural_equal(cached_func, func):
+            _cache.move_to_end(key)
+            return kernel
+    kernel = compile(func, pipeline, func_name=name)
+    _cache.setdefault(key, []).append((func, kernel))
+    while len(_cache) > _CACHE_SIZE:
+        _cache.popitem(last=False)
+    return kernel
+
+
+def run(mod, *arrays, pipeline: str = "default", func_name: str | None = None) -> list:
+    """Build ``mod`` for PoCL (cached) and run it once; see :meth:`CompiledKernel.run`."""
+    return _cached(mod, pipeline, func_name).run(*arrays)
+
+
+def time(  # noqa: A001
+    mod,
+    *arrays,
+    pipeline: str = "default",
+    func_name: str | None = None,
+    repeat: int = 10,
+    warmup: int = 1,
+) -> float:
+    """Median kernel seconds of ``mod`` on PoCL (cached build); see :meth:`CompiledKernel.time`."""
+    return _cached(mod, pipeline, func_name).time(*arrays, repeat=repeat, warmup=warmup)

@@ -1,0 +1,198 @@
+"""The ``stream_k`` schedule primitive: validate a tiled reduction, record a Stream-K decision."""
+
+from __future__ import annotations
+
+import tvm
+
+from . import annotations as ann
+from . import decomposition, gpus
+from ._compat import Schedule
+from .analysis import StreamKSite, analyze
+from .errors import StreamKError
+from .transform.lower_stream_k import check_fixup
+
+FIXUPS = ("atomic",)
+
+
+def _resolve_target(target) -> tvm.target.Target | None:
+    if target is None:
+        return tvm.target.Target.current(allow_none=True)
+    return target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+
+
+def _resolve_num_sms(num_sms, target: tvm.target.Target | None) -> int:
+    if num_sms == "device":
+        raise StreamKError(
+            "num-sms",
+            "num_sms='device'",
+            "Reading the SM count at run time is not implemented yet; pass num_sms as an int "
+            "or use a target tag with a known SM count.",
+        )
+    tag = str(target.tag) if target is not None and target.tag else None
+    arch = None
+    if target is not None and target.attrs is not None and "arch" in target.attrs:
+        arch = str(target.attrs["arch"])
+    try:
+        return gpus.resolve_num_sms(num_sms, tag=tag, arch=arch)
+    except ValueError as err:
+        raise StreamKError("num-sms", str(err), "Pass num_sms=<the GPU's SM count>.") from None
+
+
+def stream_k(
+    sch: Schedule,
+    block,
+    *,
+    num_sms: int | str | None = None,
+    blocks_per_sm: int = 1,
+    fixup: str = "atomic",
+    policy: str = "stream_k",
+    splits: int | None = None,
+    variant: str | None = None,
+    group: int | None = None,
+    target=None,
+) -> decomposition.Plan:
+    """Turn the tiled GPU reduction around ``block`` into a persistent Stream-K kernel.
+
+    The kernel must own one output tile per GPU block: ``block`` sits under a band of
+    ``blockIdx``-bound loops (the outermost loops), reduces with an associative Add over a serial
+    K-panel loop inside that band into an accumulator in registers (``local``), and a write-back
+    block after the panel loop stores the accumulator to a global buffer. The primitive checks all
+    of that, chooses the decomposition and records it as annotations on ``block``; the
+    ``tvm_streamk`` TIR pipeline (:class:`tvm_streamk.transform.LowerStreamK`) performs the
+    rewrite. If ``block`` still has a ``T.init``, the reduction is first decomposed at the panel
+    loop (a ``decompose_reduction`` instruction in the trace).
+
+    Parameters
+    ----------
+    sch : tvm.s_tir.Schedule
+        The schedule.
+    block : SBlockRV or str
+        The reduction (update) block.
+    num_sms : int, optional
+        Streaming multiprocessors of the GPU. Defaults to the table of known GPUs for the target
+        (``target`` or the current target scope); an unknown GPU needs it explicitly.
+    blocks_per_sm : int
+        Resident blocks per SM; the persistent grid is ``blocks_per_sm * num_sms``.
+    fixup : str
+        How partial tiles are merged: ``"atomic"`` (atomic adds into an output zeroed by a
+        prologue kernel; the accumulator dtype must have a device atomic add, and the write-back
+        must be a plain copy).
+    policy : str
+        ``"stream_k"`` (default), ``"data_parallel"``, ``"split_k"`` (with ``splits``),
+        ``"hybrid"`` (data-parallel full waves + Stream-K over the rest) or ``"heuristic"``
+        (resolved here by :mod:`tvm_streamk.cost_model`; the trace records the concrete choice).
+    splits : int, optional
+        The number of K splits for ``policy="split_k"``.
+    variant : str, optional
+        ``"one_tile"`` or ``"two_tile"`` (the default) for ``policy="hybrid"``.
+    group : int, optional
+        Visit tiles in groups of ``group`` tile rows (swizzled order, for L2 locality).
+    target : Target or str, optional
+        Used to look up ``num_sms`` and to check that atomics exist for the accumulator dtype.
+
+    Returns
+    -------
+    Plan
+        The decomposition, as :func:`tvm_streamk.plan` computes it.
+
+    Raises
+    ------
+    StreamKError
+        Naming the first unmet precondition, what was found and what to do.
+
+    Examples
+    --------
+    Before, a data-parallel kernel (abridged)::
+
+        for i_0 in T.thread_binding(3, thread="blockIdx.y"):
+            for j_0 in T.thread_binding(2, thread="blockIdx.x"):
+                for i_1 in T.thread_binding(8, thread="threadIdx.y"):
+                    for j_1 in T.thread_binding(8, thread="threadIdx.x"):
+                        for i_2_init, j_2_init in T.grid(4, 4):
+                            with T.sblock("C_init"): ...
+                        for k_0 in range(5):
+                            ...  # stage A, B panels in shared memory
+                            for k_1, i_2, j_2 in T.grid(8, 4, 4):
+                                with T.sblock("C_update"): ...
+                        for ax0, ax1 in T.grid(4, 4):
+                            with T.sblock("C_local"): ...  # C[...] = C_local[...]
+
+    Schedule::
+
+        tvm_streamk.stream_k(sch, sch.get_sblock("C_update"), num_sms=4)
+        # or, once tvm_streamk is imported: sch.stream_k(sch.get_sblock("C_update"), num_sms=4)
+
+    After, the block carries the decision; ``tvm_streamk.lower(mod, target)`` shows the persistent
+    kernel: a ``blockIdx.x`` loop of 4 blocks, each walking its share of the 30 (tile, panel)
+    iterations in a ``while`` loop, plus a prologue kernel zeroing the split tiles.
+    """
+    block_rv = sch.get_sblock(block) if isinstance(block, str) else block
+    if fixup not in FIXUPS:
+        raise StreamKError("fixup", f"fixup={fixup!r}", f"Use one of {list(FIXUPS)}.")
+    target = _resolve_target(target)
+    func_name, site = _analyze(sch, block_rv)
+    if site.has_init:
+        sch.decompose_reduction(block_rv, _panel_loop_rv(sch, block_rv, site))
+        func_name, site = _analyze(sch, block_rv)
+    check_fixup(site, fixup, target)
+    sms = _resolve_num_sms(num_sms, target)
+
+    try:
+        chosen = decomposition.plan(
+            site.tiles,
+            site.panels,
+            sms,
+            blocks_per_sm=blocks_per_sm,
+            policy=policy,
+            splits=splits,
+            variant=variant,
+            fixup=fixup,
+        )
+    except ValueError as err:
+        raise StreamKError("decomposition", str(err), "Fix the policy arguments.") from None
+    if group is not None and (not isinstance(group, int) or group < 1):
+        raise StreamKError("group", f"group={group!r}", "Pass a positive int, or None.")
+    decision = ann.Decision(
+        policy=chosen.policy,
+        variant=chosen.variant if chosen.policy == "hybrid" else None,
+        num_sms=sms,
+        blocks_per_sm=blocks_per_sm,
+        splits=chosen.splits if chosen.policy == "split_k" else 1,
+        fixup=fixup,
+        group=group or 0,
+    )
+    for key, value in decision.as_annotations().items():
+        sch.annotate(block_rv, key, value)
+    return chosen
+
+
+def _analyze(sch: Schedule, block_rv) -> tuple[str, StreamKSite]:
+    block = sch.get(block_rv)
+    for gv, func in sch.mod.functions.items():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            try:
+                return gv.name_hint, analyze(func, block.name_hint)
+            except StreamKError as err:
+                if "no block named" in str(err):
+                    continue
+                raise
+    raise StreamKError(
+        "reduction-block",
+        f"block {block.name_hint!r} in no function",
+        "Pass a block of this schedule.",
+    )
+
+
+def _panel_loop_rv(sch: Schedule, block_rv, site: StreamKSite):
+    for loop_rv in sch.get_loops(block_rv):
+        if sch.get(loop_rv).loop_var.same_as(site.panel_loop.loop_var):
+            return loop_rv
+    raise AssertionError("the analysed panel loop is not an ancestor of its block")
+
+
+def _method(self: Schedule, block, **kwargs) -> decomposition.Plan:
+    return stream_k(self, block, **kwargs)
+
+
+_method.__doc__ = stream_k.__doc__
+Schedule.stream_k = _method
