@@ -21,7 +21,9 @@ pytestmark = pytest.mark.skipif(not pocl.available(), reason="no PoCL CPU device
 
 # fp32 accumulation over K <= 128 of O(1) terms stays far below this; a wrong tile is O(1).
 GEMM_RTOL = 1e-5
-GROUPS, THREADS = 64, 64
+# Enough work-groups and adds per work-item that PoCL's concurrently running work-groups collide:
+# a plain read-modify-write of C[0] in this shape loses updates in most runs.
+GROUPS, THREADS, REPEAT = 64, 64, 16
 
 
 def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
@@ -39,10 +41,10 @@ def rng() -> np.random.Generator:
 
 # fmt: off
 def atomic_sum(dtype: str):
-    """GROUPS x THREADS work-items each add one input element into ``C[0]`` atomically.
+    """GROUPS x THREADS work-items each add one input element REPEAT times into ``C[0]``.
 
-    Each thread adds the element its mirror thread staged in shared memory, so the sum is only
-    right if the work-group barrier holds.
+    Each thread adds the element its mirror thread staged in shared memory behind a work-group
+    barrier, the shape of a Stream-K partial-tile fix-up.
     """
     @T.prim_func
     def main(A: T.Buffer((GROUPS * THREADS,), dtype), C: T.Buffer((1,), dtype)):
@@ -51,7 +53,10 @@ def atomic_sum(dtype: str):
         S = T.alloc_shared((THREADS,), dtype)
         S[tx] = A[bx * THREADS + tx]
         T.tvm_storage_sync("shared")
-        T.evaluate(T.call_extern(dtype, "atomic_add", T.address_of(C[0]), S[THREADS - 1 - tx]))
+        for _ in range(REPEAT):
+            T.evaluate(T.call_extern(dtype, "atomic_add", T.address_of(C[0]), S[THREADS - 1 - tx]))
+        # CLK_GLOBAL_MEM_FENCE, as an integer: a string argument would print as a C literal.
+        T.evaluate(T.call_extern("void", "mem_fence", T.uint32(2)))
     return main
 
 
@@ -71,6 +76,19 @@ def two_kernels(a: T.handle, c: T.handle, n: T.int32):
                 C[bx, tx] = W[bx, 63 - tx]
 
 
+@T.prim_func(s_tir=True)
+def half_written_workspace(A: T.Buffer((4, 64), "float32"), C: T.Buffer((4, 64), "float32")):
+    W = T.alloc_buffer((4, 64), "float32")
+    for bx in T.thread_binding(4, thread="blockIdx.x"):
+        for tx in T.thread_binding(32, thread="threadIdx.x"):
+            with T.sblock("fill_half"):
+                W[bx, tx] = A[bx, tx]
+    for bx in T.thread_binding(4, thread="blockIdx.x"):
+        for tx in T.thread_binding(64, thread="threadIdx.x"):
+            with T.sblock("copy_all"):
+                C[bx, tx] = W[bx, tx]
+
+
 @T.prim_func
 def half_arith(A: T.Buffer((1024,), "float16"), B: T.Buffer((1024,), "float16"),
                C: T.Buffer((1024,), "float32")):
@@ -83,6 +101,15 @@ def half_arith(A: T.Buffer((1024,), "float16"), B: T.Buffer((1024,), "float16"),
 
 
 @T.prim_func
+def half_convert(H: T.Buffer((65536,), "float16"), F: T.Buffer((65536,), "float32"),
+                 G: T.Buffer((65536,), "float32"), R: T.Buffer((65536,), "float16")):
+    bx = T.launch_thread("blockIdx.x", 256)
+    tx = T.launch_thread("threadIdx.x", 256)
+    F[bx * 256 + tx] = T.Cast("float32", H[bx * 256 + tx])
+    R[bx * 256 + tx] = T.Cast("float16", G[bx * 256 + tx])
+
+
+@T.prim_func
 def bf16_scale(A: T.Buffer((1024,), "bfloat16"), B: T.Buffer((1024,), "bfloat16")):
     bx = T.launch_thread("blockIdx.x", 16)
     tx = T.launch_thread("threadIdx.x", 64)
@@ -91,9 +118,17 @@ def bf16_scale(A: T.Buffer((1024,), "bfloat16"), B: T.Buffer((1024,), "bfloat16"
 
 @T.prim_func
 def cuda_atomic(C: T.Buffer((1,), "float32")):
-    bx = T.launch_thread("blockIdx.x", 4)
-    tx = T.launch_thread("threadIdx.x", 32)
+    _bx = T.launch_thread("blockIdx.x", 4)
+    _tx = T.launch_thread("threadIdx.x", 32)
     T.evaluate(T.call_extern("float32", "atomicAdd", T.address_of(C[0]), T.float32(1)))
+
+
+@T.prim_func
+def string_fence_flag(C: T.Buffer((64,), "int32")):
+    _bx = T.launch_thread("blockIdx.x", 1)
+    tx = T.launch_thread("threadIdx.x", 64)
+    C[tx] = tx
+    T.evaluate(T.call_extern("void", "mem_fence", "CLK_GLOBAL_MEM_FENCE"))
 
 
 @T.prim_func
@@ -125,11 +160,11 @@ def dlight_matmul(m: int, k: int, n: int, dtype: str) -> tvm.IRModule:
 @pytest.mark.parametrize("mnk", [(128, 128, 64), (100, 72, 37)], ids=["even", "uneven"])
 def test_reference_gemm(in_dtype, mnk, rng):
     M, N, K = mnk
-    func = reference_schedule(gemm(M, N, K, in_dtype=in_dtype), bm=32, bn=32, bk=8, tm=4, tn=4)
+    sch = reference_schedule(gemm(M, N, K, in_dtype=in_dtype), bm=32, bn=32, bk=8, tm=4, tn=4)
     a = rng.uniform(-1.0, 1.0, (M, K)).astype(in_dtype)
     b = rng.uniform(-1.0, 1.0, (K, N)).astype(in_dtype)
     c = np.full((M, N), np.nan, dtype="float32")
-    _, _, out = pocl.run(func.mod, a, b, c)
+    _, _, out = pocl.run(sch, a, b, c)
     # The reference takes the inputs as stored, so fp16 rounding of A and B is not an error.
     ref = a.astype(np.float64) @ b.astype(np.float64)
     assert relative_error(out, ref) <= GEMM_RTOL
@@ -150,7 +185,7 @@ def test_atomic_add_across_work_groups(dtype, rng):
     a = rng.integers(-8, 9, GROUPS * THREADS).astype(dtype)
     start = np.array([rng.integers(-100, 100)], dtype=dtype)
     _, total = pocl.run(atomic_sum(dtype), a, start)
-    assert total[0] == start[0] + a.astype(np.int64).sum()
+    assert total[0] == start[0] + REPEAT * a.astype(np.int64).sum()
 
 
 def test_wmma_kernel_is_refused():
@@ -164,9 +199,14 @@ def test_wmma_kernel_is_refused():
 
 
 def test_cuda_atomic_is_refused():
-    with pytest.raises(pocl.UnsupportedKernelError, match=r"atomicAdd\(\).*'cuda_atomic'|"
-                       r"'cuda_atomic'.*atomicAdd\(\)"):
+    with pytest.raises(pocl.UnsupportedKernelError, match=r"'cuda_atomic' uses .* atomicAdd\(\)"):
         pocl.compile(cuda_atomic)
+
+
+def test_string_fence_flag_is_refused():
+    # It would compile, with the address of the string literal as the fence flags.
+    with pytest.raises(pocl.UnsupportedKernelError, match=r"mem_fence\(\) with a string argument"):
+        pocl.compile(string_fence_flag)
 
 
 def test_dynamic_shared_memory_is_refused():
@@ -177,17 +217,27 @@ def test_dynamic_shared_memory_is_refused():
 
 def test_launch_sequence_with_workspace_and_symbolic_shape(rng):
     kernel = pocl.compile(two_kernels)
-    assert [launch.kernel for launch in kernel.launches] == ["two_kernels_kernel",
-                                                             "two_kernels_kernel_1"]
-    assert all(
-        any(isinstance(arg, pocl.WorkspaceArg) for arg in launch.args)
-        for launch in kernel.launches
-    )
+    names = [launch.kernel for launch in kernel.launches]
+    assert names == ["two_kernels_kernel", "two_kernels_kernel_1"]
+    for launch in kernel.launches:
+        assert any(isinstance(arg, pocl.WorkspaceArg) for arg in launch.args)
     assert [launch.block for launch in kernel.launches] == [(64, 1, 1), (64, 1, 1)]
     a = rng.standard_normal((5, 64)).astype("float32")
     _, c, n = kernel.run(a, np.full((5, 64), np.nan, dtype="float32"), 3)
     assert int(n) == 3
     np.testing.assert_array_equal(c, (a * np.float32(2) + np.float32(3))[:, ::-1])
+
+
+def test_workspace_starts_poisoned_and_outputs_are_known(rng):
+    kernel = pocl.compile(half_written_workspace)
+    assert kernel.outputs == (1,)
+    a = rng.standard_normal((4, 64)).astype("float32")
+    calls = kernel.run_repeated(a, np.zeros((4, 64), "float32"), launches=2, poison_outputs=True)
+    assert len(calls) == 2
+    for _, out in calls:
+        np.testing.assert_array_equal(out[:, :32], a[:, :32])
+        # Never written: the workspace's all-ones bytes read as NaN, as GPU garbage would.
+        assert np.isnan(out[:, 32:]).all()
 
 
 def test_float16_is_emulated_exactly(rng):
@@ -196,6 +246,46 @@ def test_float16_is_emulated_exactly(rng):
     # float32 arithmetic rounded once at the float16 store.
     np.testing.assert_array_equal(b, (a.astype(np.float32) * 3 + 1).astype(np.float16))
     np.testing.assert_array_equal(c, a.astype(np.float32))
+
+
+def test_float16_conversions_round_like_ieee(rng):
+    # Every float16 bit pattern widened, and float32 patterns from all binades (subnormals,
+    # overflow, infinities, NaNs) narrowed, against numpy's round-to-nearest-even.
+    halves = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    floats = rng.integers(0, 2**32, 65536, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    # Overflow and subnormal boundaries, round-half-even ties, signed zero, specials.
+    ties = [65504, 65519.996, 65520, 2.0**-24, 2.0**-25, 1.5 * 2.0**-24, 1 + 2.0**-11]
+    specials = [1 + 3 * 2.0**-11, -0.0, np.inf, -np.inf, np.nan]
+    edges = np.array(ties + specials, dtype=np.float32)
+    floats[: len(edges)] = edges
+    _, widened, _, narrowed = pocl.run(
+        half_convert, halves, np.zeros(65536, "float32"), floats, np.zeros(65536, "float16")
+    )
+    nan = np.isnan(halves)
+    np.testing.assert_array_equal(
+        widened[~nan].view(np.uint32), halves[~nan].astype(np.float32).view(np.uint32)
+    )
+    assert np.isnan(widened[nan]).all()
+    with np.errstate(over="ignore"):
+        expected = floats.astype(np.float16)
+    nan = np.isnan(expected)
+    np.testing.assert_array_equal(narrowed[~nan].view(np.uint16), expected[~nan].view(np.uint16))
+    assert np.isnan(narrowed[nan]).all()
+
+
+def test_float16_accumulator_rounds_every_step(rng):
+    # An fp16 accumulator in registers, updated in K order: each step is a float32 multiply-add
+    # (exact product of two halves) rounded to float16, so numpy can replay it bit for bit.
+    M, N, K = 64, 64, 48
+    sch = reference_schedule(gemm(M, N, K, in_dtype="float16", acc_dtype="float16"))
+    a = rng.uniform(-1.0, 1.0, (M, K)).astype("float16")
+    b = rng.uniform(-1.0, 1.0, (K, N)).astype("float16")
+    *_, out = pocl.run(sch, a, b, np.full((M, N), np.nan, "float16"))
+    acc = np.zeros((M, N), np.float16)
+    for k in range(K):
+        step = np.outer(a[:, k].astype(np.float32), b[k].astype(np.float32))
+        acc = (acc.astype(np.float32) + step).astype(np.float16)
+    np.testing.assert_array_equal(out.view(np.uint16), acc.view(np.uint16))
 
 
 def test_bfloat16_as_ml_dtypes_or_bits(rng):

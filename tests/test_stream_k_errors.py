@@ -98,7 +98,7 @@ def test_refuses_an_accumulator_dtype_without_atomics():
     sch = workloads.reference_schedule(
         workloads.gemm(64, 64, 64, in_dtype="float16", acc_dtype="float16")
     )
-    err = _expect(analysis.COND_ATOMIC, sch)
+    err = _expect(analysis.COND_ATOMIC, sch, fixup="atomic")
     assert "float16" in str(err) and "workspace" in str(err)
 
 
@@ -106,7 +106,7 @@ def test_refuses_a_fused_epilogue_with_atomics():
     sch = workloads.reference_schedule(
         workloads.gemm(64, 64, 64, epilogue="bias_relu", out_dtype="float16")
     )
-    err = _expect(analysis.COND_EPILOGUE, sch)
+    err = _expect(analysis.COND_EPILOGUE, sch, fixup="atomic")
     assert "epilogue" in str(err)
 
 

@@ -12,6 +12,9 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+# The arithmetic analysis package (``tvm.arith`` before 0.27).
+arith = importlib.import_module("tvm.sym")
+
 Schedule = s_tir.Schedule
 ScheduleError = s_tir.ScheduleError
 meta_schedule = s_tir.meta_schedule

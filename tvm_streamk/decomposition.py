@@ -424,6 +424,31 @@ class Plan:
             return index
         return ops.select(ops.lt(tile, self.stream_k_tiles(ops, grid)), index, 0)
 
+    def peer_block(self, tile: Any, p: Any, ops: Ops = INT_OPS, grid: Any = None) -> Any:
+        """The block running peer ``p`` (in ``k`` order) of ``tile``: the inverse of
+        :meth:`peer_index`.
+
+        In a Stream-K region of ``n`` iterations over ``g`` blocks, when ``n >= g`` every block
+        is non-empty, so the peers are the consecutive blocks from the one holding the tile's
+        first iteration; when ``n < g`` every non-empty block holds one iteration, so peer ``p``
+        is the block holding iteration ``tile * P + p``.
+
+        Examples
+        --------
+        >>> p = plan(3, 4, num_sms=2, policy="stream_k")
+        >>> [p.peer_block(1, i) for i in range(p.tile_peers(1))]
+        [0, 1]
+        """
+        P = self.panels
+        if self.policy == "data_parallel":
+            return tile
+        if self.policy == "split_k":
+            return tile * self.splits + p
+        g = self.grid if grid is None else grid
+        n = ops.max(self.stream_k_tiles(ops, g) * P, 1)
+        first, _ = self._span(tile, ops, grid)
+        return ops.select(ops.ge(n, g), first + p, _even_block(tile * P + p, n, g, ops))
+
     def _span(self, tile: Any, ops: Ops, grid: Any) -> tuple[Any, Any]:
         """Blocks holding the first and last iteration of ``tile`` in the Stream-K region."""
         g = self.grid if grid is None else grid

@@ -9,9 +9,12 @@ from . import decomposition, gpus
 from ._compat import Schedule
 from .analysis import StreamKSite, analyze
 from .errors import StreamKError
+from .transform.fixup_atomic import atomic_dtype_error
 from .transform.lower_stream_k import check_fixup
 
-FIXUPS = ("atomic",)
+FIXUPS = ("auto", "atomic", "workspace")
+# Accumulator dtypes whose atomic merge is exact (int) or as accurate as the serial sum (fp32/64).
+EXACT_ENOUGH_FOR_ATOMICS = ("float32", "float64", "int32")
 
 
 def _resolve_target(target) -> tvm.target.Target | None:
@@ -44,7 +47,8 @@ def stream_k(
     *,
     num_sms: int | str | None = None,
     blocks_per_sm: int = 1,
-    fixup: str = "atomic",
+    fixup: str = "auto",
+    deterministic: bool = False,
     policy: str = "stream_k",
     splits: int | None = None,
     variant: str | None = None,
@@ -74,9 +78,14 @@ def stream_k(
     blocks_per_sm : int
         Resident blocks per SM; the persistent grid is ``blocks_per_sm * num_sms``.
     fixup : str
-        How partial tiles are merged: ``"atomic"`` (atomic adds into an output zeroed by a
-        prologue kernel; the accumulator dtype must have a device atomic add, and the write-back
-        must be a plain copy).
+        How partial tiles are merged. ``"atomic"``: atomic adds into an output zeroed by a
+        prologue kernel (the accumulator dtype needs a device atomic add and the write-back must
+        be a plain copy). ``"workspace"``: partials go to a workspace and the last block to
+        arrive at the tile's counter sums them in a fixed order and runs the original write-back,
+        epilogue included (bit-reproducible). ``"auto"`` (default): atomics where they are legal
+        and exact enough (fp32, fp64, int32 accumulators written back unchanged), else workspace.
+    deterministic : bool
+        Force the workspace fix-up, whose results do not depend on arrival order.
     policy : str
         ``"stream_k"`` (default), ``"data_parallel"``, ``"split_k"`` (with ``splits``),
         ``"hybrid"`` (data-parallel full waves + Stream-K over the rest) or ``"heuristic"``
@@ -129,11 +138,19 @@ def stream_k(
     block_rv = sch.get_sblock(block) if isinstance(block, str) else block
     if fixup not in FIXUPS:
         raise StreamKError("fixup", f"fixup={fixup!r}", f"Use one of {list(FIXUPS)}.")
+    if deterministic and fixup == "atomic":
+        raise StreamKError(
+            "fixup",
+            "deterministic=True with fixup='atomic'",
+            "Atomic merges depend on arrival order; use fixup='workspace' or 'auto'.",
+        )
     target = _resolve_target(target)
-    func_name, site = _analyze(sch, block_rv)
+    site = _analyze(sch, block_rv)
     if site.has_init:
         sch.decompose_reduction(block_rv, _panel_loop_rv(sch, block_rv, site))
-        func_name, site = _analyze(sch, block_rv)
+        site = _analyze(sch, block_rv)
+    if fixup == "auto":
+        fixup = "workspace" if deterministic else _auto_fixup(site, target)
     check_fixup(site, fixup, target)
     sms = _resolve_num_sms(num_sms, target)
 
@@ -166,12 +183,22 @@ def stream_k(
     return chosen
 
 
-def _analyze(sch: Schedule, block_rv) -> tuple[str, StreamKSite]:
+def _auto_fixup(site: StreamKSite, target) -> str:
+    atomic_ok = (
+        not site.epilogue
+        and not site.fragment_accumulator
+        and site.accumulator_dtype in EXACT_ENOUGH_FOR_ATOMICS
+        and (target is None or atomic_dtype_error(site.accumulator_dtype, target) is None)
+    )
+    return "atomic" if atomic_ok else "workspace"
+
+
+def _analyze(sch: Schedule, block_rv) -> StreamKSite:
     block = sch.get(block_rv)
-    for gv, func in sch.mod.functions.items():
+    for func in sch.mod.functions.values():
         if isinstance(func, tvm.tirx.PrimFunc):
             try:
-                return gv.name_hint, analyze(func, block.name_hint)
+                return analyze(func, block.name_hint)
             except StreamKError as err:
                 if "no block named" in str(err):
                     continue

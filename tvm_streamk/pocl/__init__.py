@@ -13,16 +13,19 @@ from .errors import (
     PoclError,
     UnsupportedKernelError,
 )
-from .launch import BufferArg, Launch, ScalarArg, Workspace, WorkspaceArg
+from .launch import BufferArg, Deferred, Launch, ScalarArg, Workspace, WorkspaceArg
 from .runner import CompiledKernel, compile, run, time
+from .signature import Param
 
 __all__ = [
     "ArgumentError",
     "BufferArg",
     "CompiledKernel",
+    "Deferred",
     "DeviceUnavailableError",
     "KernelBuildError",
     "Launch",
+    "Param",
     "PoclError",
     "ScalarArg",
     "UnsupportedKernelError",

@@ -31,6 +31,7 @@ _CUDA_ONLY_EXTERN = re.compile(r"^(__|atomic[A-Z]|cuda|nv|wmma|mma|ptx)")
 # The storage scopes OpenCL has address spaces for.
 _OPENCL_SCOPES = ("", "global", "shared", "local")
 _EXTERN_OPS = ("tirx.call_extern", "tirx.call_pure_extern", "tirx.call_llvm_intrin")
+_FENCES = ("mem_fence", "read_mem_fence", "write_mem_fence", "barrier", "work_group_barrier")
 
 
 def check_supported(node, kernel: str) -> None:
@@ -62,6 +63,18 @@ def check_supported(node, kernel: str) -> None:
             if _CUDA_ONLY_EXTERN.search(extern):
                 construct = f"the CUDA device function {extern}() (through {short})"
                 findings.append((2, construct, _CUDA_REMEDY))
+            elif extern in _FENCES and any(isinstance(a, tvm.ir.StringImm) for a in call.args[1:]):
+                # TVM prints a StringImm as a C string literal: mem_fence("CLK_GLOBAL_MEM_FENCE")
+                # compiles (with a warning) and passes a pointer as the flags.
+                findings.append(
+                    (
+                        3,
+                        f"{extern}() with a string argument",
+                        "TVM prints it as a string literal, not the OpenCL flag; pass the flag's "
+                        "value as an integer, T.uint32(2) for CLK_GLOBAL_MEM_FENCE and T.uint32(1) "
+                        "for CLK_LOCAL_MEM_FENCE (the Khronos header values).",
+                    )
+                )
         elif name == "tirx.tvm_storage_sync" and call.args:
             scope = call.args[0].value
             if scope != "shared":

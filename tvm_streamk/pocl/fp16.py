@@ -38,18 +38,55 @@ def _suffix(lanes: int) -> str:
     return "" if lanes == 1 else str(lanes)
 
 
+# Scalar conversions by integer arithmetic on the bit patterns. Punning through a ``half*``
+# (vload_half on a ushort's address) is undefined behaviour under strict aliasing, and PoCL's
+# optimizer does drop such stores inside accumulation loops.
+_SCALAR_HELPERS = """\
+static inline float tvm_streamk_h2f(ushort h) {
+  uint sign = (uint)(h & 0x8000u) << 16;
+  uint exp = (h >> 10) & 0x1fu;
+  uint mant = h & 0x3ffu;
+  if (exp == 0x1fu) return as_float(sign | 0x7f800000u | (mant << 13));
+  if (exp == 0u) return as_float(sign | as_uint((float)mant * 0x1p-24f));
+  return as_float(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+static inline ushort tvm_streamk_f2h(float f) {
+  uint x = as_uint(f);
+  uint sign = (x >> 16) & 0x8000u;
+  uint a = x & 0x7fffffffu;
+  if (a > 0x7f800000u) return (ushort)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) return (ushort)(sign | 0x7c00u);
+  if (a < 0x38800000u) return (ushort)(sign | (uint)rint(as_float(a) * 0x1p24f));
+  uint r = a - 0x38000000u;
+  uint h = r >> 13;
+  uint rest = r & 0x1fffu;
+  h += (rest > 0x1000u) | ((rest == 0x1000u) & (h & 1u));
+  return (ushort)(sign | h);
+}
+"""
+
+
 def _helpers() -> str:
-    """OpenCL C converting between ``ushort`` bit patterns and float, for every vector width."""
-    lines = ["// float16 storage emulation (tvm_streamk.pocl.fp16): no cl_khr_fp16 needed."]
-    for lanes in _LANES:
-        n = _suffix(lanes)
+    """OpenCL C converting between ``ushort`` bit patterns and float, for every vector width.
+
+    Both directions round as IEEE 754 does (round to nearest even, overflow to infinity, NaN kept
+    quiet), without ``cl_khr_fp16``.
+    """
+    lines = [
+        "// float16 storage emulation (tvm_streamk.pocl.fp16): no cl_khr_fp16 needed.",
+        _SCALAR_HELPERS,
+    ]
+    for lanes in _LANES[1:]:
+        parts = [f".s{i:x}" for i in range(lanes)]
+        widen = ", ".join(f"{_PREFIX}h2f(b{c})" for c in parts)
+        narrow = ", ".join(f"{_PREFIX}f2h(f{c})" for c in parts)
         lines.append(
-            f"static inline float{n} {_PREFIX}h2f{n}(ushort{n} b) "
-            f"{{ return vload_half{n}(0, (const __private half*)&b); }}"
+            f"static inline float{lanes} {_PREFIX}h2f{lanes}(ushort{lanes} b) "
+            f"{{ return (float{lanes})({widen}); }}"
         )
         lines.append(
-            f"static inline ushort{n} {_PREFIX}f2h{n}(float{n} f) "
-            f"{{ ushort{n} b; vstore_half{n}_rte(f, 0, (__private half*)&b); return b; }}"
+            f"static inline ushort{lanes} {_PREFIX}f2h{lanes}(float{lanes} f) "
+            f"{{ return (ushort{lanes})({narrow}); }}"
         )
     return "\n".join(lines) + "\n\n"
 
@@ -115,9 +152,15 @@ class _Legalizer:
 
     def run(self, func):
         p = tvm.ir.prim.expr
-        arithmetic = (
-            p.Add, p.Sub, p.Mul, p.Div, p.Mod, p.FloorDiv, p.FloorMod, p.Min, p.Max,
-        )  # fmt: skip
+        arithmetic = (p.Add, p.Sub, p.Mul, p.Div, p.Mod, p.FloorDiv, p.FloorMod, p.Min, p.Max)
+        # Nodes whose stored float16 type must be re-derived from their rewritten children.
+        rebuilt = [
+            (p.Select, lambda e: p.Select(e.condition, e.true_value, e.false_value)),
+            (p.Broadcast, lambda e: p.Broadcast(e.value, e.lanes)),
+            (p.Shuffle, lambda e: p.Shuffle(e.vectors, e.indices)),
+            (p.Let, lambda e: p.Let(e.var, e.value, e.body)),
+            (arithmetic, lambda e: type(e)(e.a, e.b)),
+        ]
         func = structural_map(
             func,
             [
@@ -127,13 +170,9 @@ class _Legalizer:
                 (tvm.tirx.BufferStore, self._store),
                 (p.Cast, self._cast),
                 (tvm.ir.Call, self._call),
-                (arithmetic, self._arith),
-                (p.Select, self._retyped(lambda e: p.Select(e.condition, e.true_value, e.false_value))),
-                (p.Broadcast, self._retyped(lambda e: p.Broadcast(e.value, e.lanes))),
-                (p.Shuffle, self._retyped(lambda e: p.Shuffle(e.vectors, e.indices))),
-                (p.Let, self._retyped(lambda e: p.Let(e.var, e.value, e.body))),
-            ],
-        )  # fmt: skip
+            ]
+            + [(types, self._retyped(rebuild)) for types, rebuild in rebuilt],
+        )
         if self.problem is None and _uses_fp16(func.body):
             self.problem = "a float16 expression"
         if self.problem is not None:
@@ -250,11 +289,6 @@ class _Legalizer:
             value = tvm.ir.prim.expr.Cast(_with_base(target, "float32"), value)
         # A cast to float16 rounds: narrow to bits and widen back.
         return self._widen(self._narrow(value), _lanes(target))
-
-    def _arith(self, e):
-        if not _is_fp16(dtype_of(e)):
-            return e
-        return type(e)(e.a, e.b)
 
     def _retyped(self, rebuild):
         def callback(e):

@@ -66,14 +66,18 @@ class Deferred:
 
 @dataclass(frozen=True)
 class BufferArg:
-    """Kernel pointer ``name`` is the data of PrimFunc parameter number ``param``."""
+    """Kernel pointer ``name`` is the data of PrimFunc parameter number ``param``.
+
+    ``written`` says whether the kernel may store to it (stores, or its address taken).
+    """
 
     name: str
     param: int
     param_name: str
+    written: bool = False
 
     def __str__(self) -> str:
-        return f"{self.name}=<param {self.param_name}>"
+        return f"{self.name}=<{'out ' if self.written else ''}param {self.param_name}>"
 
 
 @dataclass(frozen=True)
@@ -83,9 +87,10 @@ class WorkspaceArg:
     name: str
     workspace: int
     workspace_name: str
+    written: bool = False
 
     def __str__(self) -> str:
-        return f"{self.name}=<workspace {self.workspace_name}>"
+        return f"{self.name}=<{'out ' if self.written else ''}workspace {self.workspace_name}>"
 
 
 @dataclass(frozen=True)
@@ -249,6 +254,8 @@ class _HostInterpreter:
                 "Lower through a TIR pipeline that ends with MakePackedAPI (the 's_tir' pipeline "
                 "does).",
             )
+        # Bindings are keyed by object address, so the function must outlive this interpreter.
+        self.func = func
         self.func_name = func_name
         self.params = list(params)
         self.args_var = func.params[1]
@@ -305,7 +312,7 @@ class _HostInterpreter:
         name = op_name(value)
         if name == "tirx.call_ffi_kernel":
             self.calls.append((value, guards))
-        elif name == "tirx.tvm_call_packed" and value.args[0].value == "__tvm_set_device":
+        elif name == "tirx.tvm_call_packed" and _string(value.args[0]) == "__tvm_set_device":
             return
         else:
             raise UnsupportedKernelError(
@@ -336,7 +343,8 @@ class _HostInterpreter:
                 kernel,
                 "This TVM emits launch flags the PoCL backend does not know; report it.",
             )
-        args = tuple(self._kernel_arg(kernel, p, a) for p, a in zip(kparams, kargs))
+        written = written_pointers(device_funcs[kernel])
+        args = tuple(self._kernel_arg(kernel, p, a, written) for p, a in zip(kparams, kargs))
         grid, block = [1, 1, 1], [1, 1, 1]
         for tag, extent in zip(tags, extents):
             if tag in _GRID_TAGS:
@@ -358,13 +366,14 @@ class _HostInterpreter:
                 )
         return Launch(kernel, args, tuple(grid), tuple(block), tuple(self._fold(g) for g in guards))
 
-    def _kernel_arg(self, kernel: str, kparam, host_arg):
+    def _kernel_arg(self, kernel: str, kparam, host_arg, written: set):
         if is_pointer_var(kparam):
             ref = self.evaluate(host_arg, None)
+            out = kparam.name in written
             if isinstance(ref, _Data):
-                return BufferArg(kparam.name, ref.param, self.params[ref.param].name)
+                return BufferArg(kparam.name, ref.param, self.params[ref.param].name, out)
             if isinstance(ref, int) and not isinstance(ref, bool):
-                return WorkspaceArg(kparam.name, ref, self.workspaces[ref].name)
+                return WorkspaceArg(kparam.name, ref, self.workspaces[ref].name, out)
             raise UnsupportedKernelError(
                 f"a pointer argument {kparam.name!r} = {host_arg} that is neither a parameter "
                 "nor a host allocation",
@@ -536,6 +545,10 @@ class _Evaluator:
         )
 
 
+def _string(expr) -> str | None:
+    return expr.value if isinstance(expr, tvm.ir.StringImm) else None
+
+
 def _trunc_div(a, b):
     if isinstance(a, int) and isinstance(b, int):
         q = abs(a) // abs(b)
@@ -582,6 +595,48 @@ def _cast(value, dtype: str | None):
     if dtype.startswith(("int", "uint")):
         return int(np.array(int(value), dtype=np.int64).astype(dtype))
     return float(np.array(value, dtype=np.float64).astype(numpy_dtype(dtype)))
+
+
+def written_pointers(kernel: tvm.tirx.PrimFunc) -> set[str]:
+    """Names of the pointer parameters ``kernel`` may write through.
+
+    A buffer counts as written when it is stored to or its address escapes (``address_of`` for an
+    atomic, ``tvm_access_ptr``, a pointer handed to an extern function): over-approximate, never
+    under.
+    """
+    pointers = {p.__chandle__(): p.name for p in kernel.params if is_pointer_var(p)}
+    data_of: dict[int, int] = {}
+    touched: set[int] = set()
+    escaped: set[int] = set()
+
+    def on_decl(decl):
+        if isinstance(decl.data, tvm.ir.Var):
+            data_of[decl.buffer.__chandle__()] = decl.data.__chandle__()
+
+    def on_store(store):
+        touched.add(store.buffer.__chandle__())
+
+    def on_call(call):
+        name = op_name(call)
+        if name == "tirx.address_of":
+            for arg in call.args:
+                if isinstance(arg, tvm.ir.TensorLoad):
+                    touched.add(arg.source.__chandle__())
+        elif name != "tirx.buffer_data":
+            for arg in call.args:
+                if is_pointer_var(arg) or is_buffer_var(arg):
+                    escaped.add(arg.__chandle__())
+
+    structural_walk(
+        kernel.body,
+        [
+            (tvm.tirx.DeclBuffer, on_decl),
+            (tvm.tirx.BufferStore, on_store),
+            (tvm.ir.Call, on_call),
+        ],
+    )
+    written = {data_of.get(b, b) for b in touched | escaped}
+    return {pointers[p] for p in written if p in pointers}
 
 
 def _contains_launch(stmt) -> bool:

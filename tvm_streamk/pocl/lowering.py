@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import tvm
 
+from .._compat import Schedule
 from ._tvm import codegen_source, get_tir_pipeline, split_host_device_mods
 from .checks import check_supported
 from .errors import KernelBuildError, PoclError
@@ -32,16 +33,20 @@ class Lowered:
 
 
 def select_primfunc(mod, func_name: str | None = None) -> tuple[str, tvm.tirx.PrimFunc]:
-    """The ``(name, PrimFunc)`` to run from a PrimFunc or an IRModule.
+    """The ``(name, PrimFunc)`` to run from a PrimFunc, an IRModule or a Schedule.
 
     An IRModule must hold exactly one public PrimFunc (or, lacking any, exactly one PrimFunc, as
     after Relax legalization) unless ``func_name`` picks one.
     """
+    if isinstance(mod, Schedule):
+        mod = mod.mod
     if isinstance(mod, tvm.tirx.PrimFunc):
         symbol = _attr(mod, "global_symbol")
         return func_name or (str(symbol) if symbol is not None else "main"), mod
     if not isinstance(mod, tvm.IRModule):
-        raise TypeError(f"expected a PrimFunc or an IRModule; found {type(mod).__name__}")
+        raise TypeError(
+            f"expected a PrimFunc, an IRModule or a Schedule; found {type(mod).__name__}"
+        )
     prims = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
     if func_name is not None:
         if func_name not in prims:
@@ -90,6 +95,7 @@ def lower(name: str, func: tvm.tirx.PrimFunc, pipeline: str) -> Lowered:
         mod = tvm.tirx.transform.BindTarget(target)(mod)
         mod = pipeline_pass(mod)
         host_mod, device_mods = split_host_device_mods(mod)
+        device_mods = [finalize_device()(device_mod) for device_mod in device_mods.values()]
     except PoclError:
         raise
     except Exception as err:  # TVM reports failures as assorted builtin exception types
@@ -97,8 +103,7 @@ def lower(name: str, func: tvm.tirx.PrimFunc, pipeline: str) -> Lowered:
             f"lowering {name!r} through the {pipeline!r} TIR pipeline failed: {err}"
         ) from err
     device_funcs = {}
-    for device_mod in device_mods.values():
-        device_mod = finalize_device()(device_mod)
+    for device_mod in device_mods:
         for gv, kernel in device_mod.functions.items():
             # Launches name kernels by symbol, which SplitHostDevice sets to the GlobalVar's name.
             symbol = str(_attr(kernel, "global_symbol") or gv.name_hint)

@@ -6,6 +6,7 @@ import collections
 import statistics
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,6 +20,14 @@ from .signature import Param, check_arguments, signature
 # Workspaces start as all-ones bytes (NaN for floats, -1 for integers), as a GPU allocation would
 # start with garbage: a kernel that reads a workspace before writing it shows up in the results.
 _POISON = np.uint8(0xFF)
+
+
+@dataclass(frozen=True)
+class _DeviceBuffers:
+    """One call's OpenCL buffers: per parameter (``None`` for scalars) and per workspace."""
+
+    params: list
+    workspaces: list
 
 
 class CompiledKernel:
@@ -39,6 +48,7 @@ class CompiledKernel:
     """
 
     def __init__(self, lowered: Lowered, params: tuple[Param, ...], plan: LaunchPlan):
+        context = device.context()
         import pyopencl as cl
 
         self.name = lowered.name
@@ -50,7 +60,7 @@ class CompiledKernel:
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", cl.CompilerWarning)
-                program = cl.Program(device.context(), self.source).build()
+                program = cl.Program(context, self.source).build()
         except cl.Error as err:
             raise KernelBuildError(
                 f"PoCL could not compile the OpenCL generated for {self.name!r}: {err}"
@@ -63,6 +73,20 @@ class CompiledKernel:
         launches = "; ".join(str(launch) for launch in self.launches)
         return f"CompiledKernel({self.name}: {launches})"
 
+    @property
+    def outputs(self) -> tuple[int, ...]:
+        """Indices of the parameters some launch may write."""
+        return tuple(
+            sorted(
+                {
+                    arg.param
+                    for launch in self.launches
+                    for arg in launch.args
+                    if isinstance(arg, BufferArg) and arg.written
+                }
+            )
+        )
+
     def run(self, *arrays) -> list[np.ndarray]:
         """Run every launch once on fresh copies of ``arrays``; return all arguments after it.
 
@@ -74,22 +98,50 @@ class CompiledKernel:
         ArgumentError
             If ``arrays`` do not match :attr:`params`.
         """
-        values = check_arguments(self.name, self.params, arrays)
-        buffers, launches = self._prepare(values)
-        q = device.queue()
-        for launch in launches:
-            self._enqueue(launch, buffers)
+        return self.run_repeated(*arrays, launches=1)[0]
+
+    def run_repeated(
+        self, *arrays, launches: int, poison_outputs: bool = False
+    ) -> list[list[np.ndarray]]:
+        """Call the function ``launches`` times on one set of device buffers.
+
+        Workspaces are allocated and poisoned once, before the first call, so a kernel that must
+        leave its workspace reusable (semaphores reset, for instance) is held to it. Parameters
+        carry over from call to call; with ``poison_outputs`` every parameter a launch may write
+        (:attr:`outputs`) is refilled with all-ones bytes (NaN / -1) before each call, so no call
+        can pass on its predecessor's results.
+
+        Returns
+        -------
+        list[list[np.ndarray]]
+            For each call, all arguments after it, as :meth:`run` returns them.
+        """
         import pyopencl as cl
 
+        if launches < 1:
+            raise ValueError(f"launches must be at least 1; found {launches}")
+        values = check_arguments(self.name, self.params, arrays)
+        buffers, resolved = self._prepare(values)
+        q = device.queue()
         results = []
-        for param, value, buf in zip(self.params, values, buffers["params"]):
-            if not param.is_buffer:
-                results.append(value)
-                continue
-            out = np.empty_like(value)
-            if out.nbytes:
-                cl.enqueue_copy(q, out, buf)
-            results.append(out)
+        for _ in range(launches):
+            if poison_outputs:
+                for index in self.outputs:
+                    size = values[index].nbytes
+                    if size:
+                        cl.enqueue_fill_buffer(q, buffers.params[index], _POISON, 0, size)
+            for launch in resolved:
+                self._enqueue(launch, buffers)
+            call = []
+            for param, value, buf in zip(self.params, values, buffers.params):
+                if not param.is_buffer:
+                    call.append(value)
+                    continue
+                out = np.empty_like(value)
+                if out.nbytes:
+                    cl.enqueue_copy(q, out, buf)
+                call.append(out)
+            results.append(call)
         q.finish()
         return results
 
@@ -107,7 +159,8 @@ class CompiledKernel:
             events = [self._enqueue(launch, buffers) for launch in launches]
             device.queue().finish()
             if i >= warmup:
-                samples.append(sum(e.profile.end - e.profile.start for e in events if e) * 1e-9)
+                spans = [e.profile.end - e.profile.start for e in events if e is not None]
+                samples.append(sum(spans) * 1e-9)
         return statistics.median(samples)
 
     def _prepare(self, values: Sequence):
@@ -129,7 +182,7 @@ class CompiledKernel:
             buf = cl.Buffer(ctx, mf.READ_WRITE, max(size, 1))
             cl.enqueue_fill_buffer(q, buf, _POISON, 0, max(size, 1))
             workspaces.append(buf)
-        return {"params": params, "workspaces": workspaces}, launches
+        return _DeviceBuffers(params, workspaces), launches
 
     def _enqueue(self, launch, buffers):
         """Enqueue one resolved launch; return its event (``None`` for an empty grid)."""
@@ -140,9 +193,9 @@ class CompiledKernel:
         args = []
         for arg in launch.args:
             if isinstance(arg, BufferArg):
-                args.append(buffers["params"][arg.param])
+                args.append(buffers.params[arg.param])
             elif isinstance(arg, WorkspaceArg):
-                args.append(buffers["workspaces"][arg.workspace])
+                args.append(buffers.workspaces[arg.workspace])
             else:
                 assert isinstance(arg, ScalarArg)
                 args.append(np.dtype(arg.dtype).type(arg.value))
@@ -163,7 +216,7 @@ def compile(mod, pipeline: str = "default", *, func_name: str | None = None) -> 
 
     Parameters
     ----------
-    mod : PrimFunc or IRModule
+    mod : PrimFunc, IRModule or Schedule
         A GPU-scheduled PrimFunc (blockIdx/threadIdx bound), or a module holding one public
         PrimFunc (``func_name`` picks among several).
     pipeline : str

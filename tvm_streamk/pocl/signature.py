@@ -84,7 +84,7 @@ def _accepts(dtype: str, array: np.ndarray) -> bool:
 
 
 def check_arguments(func_name: str, params: Sequence[Param], args: Sequence) -> list:
-    """Validate ``args`` against ``params``; return C-contiguous copies of the buffers.
+    """Validate ``args`` against ``params``; return the buffers as C-contiguous arrays.
 
     Scalars are returned as 0-d arrays of the parameter's dtype.
 

@@ -1,14 +1,32 @@
-"""The atomic fix-up: partial tiles are merged by atomic adds into a pre-zeroed output."""
+"""The atomic fix-up: partial tiles are merged by atomic adds into a pre-zeroed output.
+
+A segment that covers its whole tile stores it as the original write-back does; any other
+segment atomically adds its partial sums to the output. A prologue kernel, launched first by the
+same function, zeroes exactly the split tiles, so nothing else of the output is touched twice.
+Fast, but the order of the adds is the order of arrival (not bit-reproducible), the merge happens
+in the output dtype, and a write-back that is more than a copy (an epilogue) cannot be split.
+"""
 
 from __future__ import annotations
 
 import tvm
 from tvm import tirx
 
-from .._compat import SBlock
-from ..analysis import COND_ATOMIC
+from .._compat import SBlock, SBlockRealize, dtype_of
+from ..analysis import COND_ATOMIC, COND_EPILOGUE, StreamKSite
 from ..errors import StreamKError
-from ._ir import replace_block
+from ._ir import (
+    Segment,
+    block_loop,
+    coordinates,
+    fresh_definitions,
+    int_imm,
+    over_units,
+    prune_to,
+    replace_block,
+    seq,
+    var,
+)
 
 # Minimum CUDA compute capability of a native atomicAdd per dtype.
 CUDA_ATOMIC_MIN_ARCH = {"int32": 0, "float32": 0, "float64": 60, "float16": 70, "bfloat16": 80}
@@ -21,37 +39,62 @@ def _cuda_arch(target: tvm.target.Target) -> int | None:
     return int(digits[:2] if len(digits) >= 2 else digits) if digits else None
 
 
-def check_dtype(dtype: str, target: tvm.target.Target) -> None:
-    """Refuse an accumulator dtype the target has no atomic add for."""
+def atomic_dtype_error(dtype: str, target: tvm.target.Target) -> str | None:
+    """Why ``target`` has no atomic add for ``dtype``, or None when it has one."""
     kind = target.kind.name
     if kind == "cuda":
         need = CUDA_ATOMIC_MIN_ARCH.get(dtype)
         arch = _cuda_arch(target)
-        if need is None or (need and arch is not None and arch < need):
-            raise StreamKError(
-                COND_ATOMIC,
-                f"a {dtype} accumulator on CUDA arch {target.attrs.get('arch')}"
-                + ("" if need is None else f" (atomicAdd for {dtype} needs sm_{need} or newer)"),
-                "Use the workspace fix-up (fixup='workspace'), or accumulate in float32.",
+        if need is None:
+            return f"a {dtype} accumulator on CUDA, which has no atomicAdd for {dtype}"
+        if need and arch is not None and arch < need:
+            return (
+                f"a {dtype} accumulator on CUDA arch {target.attrs.get('arch')} "
+                f"(atomicAdd for {dtype} needs sm_{need} or newer)"
             )
-    elif kind == "opencl":
+        return None
+    if kind == "opencl":
         if dtype not in OPENCL_ATOMIC_DTYPES:
-            raise StreamKError(
-                COND_ATOMIC,
+            return (
                 f"a {dtype} accumulator on OpenCL, which adds atomically only "
-                f"{list(OPENCL_ATOMIC_DTYPES)}",
-                "Use the workspace fix-up (fixup='workspace'), or accumulate in float32.",
+                f"{list(OPENCL_ATOMIC_DTYPES)}"
             )
-    else:
+        return None
+    return f"target kind {kind!r}; the atomic fix-up is emitted for CUDA and OpenCL only"
+
+
+def check(site: StreamKSite, target: tvm.target.Target | None) -> None:
+    """Refuse a site the atomic fix-up cannot merge; ``target`` may be None (checked later)."""
+    if site.epilogue:
+        wb = next(w for w in site.writebacks if not w.plain_copy)
+        raise StreamKError(
+            COND_EPILOGUE,
+            f"write-back block {wb.block.name_hint!r} computes `{wb.block.body.value}` "
+            f"into {wb.output.name} ({wb.output.dtype}) from the {site.accumulator_dtype} "
+            "accumulator",
+            "Atomic adds merge raw partial sums, so a fused epilogue (bias, activation, cast) "
+            "would be applied to each partial; use the workspace fix-up (fixup='workspace') "
+            "or move the epilogue into its own kernel.",
+        )
+    if site.fragment_accumulator:
         raise StreamKError(
             COND_ATOMIC,
-            f"target kind {kind!r}",
-            "The atomic fix-up is emitted for CUDA and OpenCL targets only.",
+            f"accumulator {site.accumulator.name} lives in tensor-core fragment scope "
+            f"{site.accumulator.scope()!r}, whose elements have no addresses",
+            "Use the workspace fix-up (fixup='workspace').",
         )
+    if target is not None:
+        reason = atomic_dtype_error(site.accumulator_dtype, target)
+        if reason is not None:
+            raise StreamKError(
+                COND_ATOMIC,
+                reason,
+                "Use the workspace fix-up (fixup='workspace'), or accumulate in float32.",
+            )
 
 
 def atomic_add(target: tvm.target.Target, dtype: str, address, value) -> tirx.Expr:
-    """The target's atomic ``*address += value`` as a TIR call."""
+    """The target's atomic ``*address += value`` (returning the old value) as a TIR call."""
     if target.kind.name == "cuda":
         return tirx.call_extern(dtype, "atomicAdd", address, value)
     # TVM's OpenCL codegen turns a float ``atomic_add`` into a compare-and-swap helper of its own;
@@ -59,10 +102,67 @@ def atomic_add(target: tvm.target.Target, dtype: str, address, value) -> tirx.Ex
     return tirx.call_extern(dtype, "atomic_add", address, value)
 
 
-def merge_store(block: SBlock, full, target: tvm.target.Target) -> SBlock:
-    """Turn the write-back ``out[i] = acc[i]`` into ``store if full else atomic add``."""
-    store: tirx.BufferStore = block.body
-    dtype = str(store.buffer.dtype)
-    address = tirx.address_of(tirx.BufferLoad(store.buffer, store.indices))
-    merge = tirx.Evaluate(atomic_add(target, dtype, address, store.value))
-    return replace_block(block, body=tirx.IfThenElse(full, store, merge))
+class AtomicFixup:
+    """Merge partial tiles with atomic adds; see the module docstring."""
+
+    def __init__(self, site: StreamKSite, plan, target, group: int | None, tile_body):
+        check(site, target)
+        self.site, self.plan, self.target, self.group = site, plan, target, group
+        self.tile_body = tile_body
+        self.names = {wb.block.name_hint for wb in site.writebacks}
+
+    buffers: tuple = ()
+
+    def merge_writeback(self, block: SBlock, seg: Segment) -> SBlock:
+        """``out[i] = acc[i]`` becomes ``store if the segment is full else atomic add``."""
+        store: tirx.BufferStore = block.body
+        dtype = str(store.buffer.dtype)
+        address = tirx.address_of(tirx.BufferLoad(store.buffer, store.indices))
+        merge = tirx.Evaluate(atomic_add(self.target, dtype, address, store.value))
+        return replace_block(block, body=tirx.IfThenElse(seg.full, store, merge))
+
+    def after_segment(self, seg: Segment) -> None:
+        return None
+
+    def prologue(self) -> tirx.Stmt | None:
+        """A kernel zeroing every split tile before the atomic adds land on it.
+
+        A tile is split exactly when some unit range starts strictly inside it (the ranges
+        partition the iteration space), so block ``b`` zeroes the tile where each of its ranges
+        starts unaligned. Two blocks may zero the same tile: identical stores, a benign race.
+        """
+        if not self.plan.split_tiles:
+            return None
+        site, panels = self.site, self.site.panels
+
+        def zero(realize: SBlockRealize) -> SBlockRealize:
+            block = realize.block
+            store = block.body
+            new_block = replace_block(
+                block,
+                name_hint=block.name_hint + "_sk_zero",
+                reads=[],
+                body=tirx.BufferStore(
+                    store.buffer, tirx.const(0, dtype_of(store.value)), store.indices
+                ),
+                annotations={},
+            )
+            return SBlockRealize(realize.iter_values, realize.predicate, new_block)
+
+        zero_body = prune_to(self.tile_body, self.names, zero)
+        dtype = site.index_dtype
+        tile, b = var("sk_zero_tile", dtype), var("sk_zero_block", dtype)
+
+        def zero_where_split(lo, hi) -> tirx.Stmt:
+            starts_inside = tirx.And(lo < hi, tirx.floormod(lo, panels) != 0)
+            body = seq(
+                [
+                    tirx.Bind(tile, tirx.floordiv(lo, panels)),
+                    *coordinates(site.band, tile, self.group),
+                    zero_body,
+                ]
+            )
+            return tirx.IfThenElse(starts_inside, body, None)
+
+        grid = int_imm(self.plan.grid, dtype)
+        return fresh_definitions(block_loop(b, grid, over_units(self.plan, b, zero_where_split)))

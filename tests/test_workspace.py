@@ -1,0 +1,135 @@
+"""The workspace fix-up on PoCL: the case grid, determinism, repeated launches, fused epilogues.
+
+Outputs are poisoned with NaN and never zeroed; the PoCL backend fills the function's own
+workspace and counters with all-ones bytes (NaN / -1) before the first launch, as uninitialised
+GPU memory would be, so a kernel relying on zeroed memory fails here.
+"""
+
+import numpy as np
+import pytest
+import tvm
+
+import tvm_streamk
+from tvm_streamk import pocl, workloads
+
+from .test_stream_k_numeric import CASES, FP32_TOL
+
+pytestmark = pytest.mark.skipif(not pocl.available(), reason="no PoCL device")
+
+OPENCL = tvm.target.Target({"kind": "opencl"})
+# fp16 output: the float64 reference rounded to fp16 differs by at most one fp16 ulp (2^-10
+# relative), plus the fp32 accumulation error.
+FP16_TOL = 2.0**-10 + FP32_TOL
+
+
+def _schedule(func, **kwargs):
+    sch = workloads.reference_schedule(func)
+    kwargs.setdefault("num_sms", 4)
+    plan = tvm_streamk.stream_k(sch, "C_update", fixup="workspace", target=OPENCL, **kwargs)
+    return sch, plan
+
+
+@pytest.mark.parametrize("M,N,K,num_sms,what", CASES, ids=[c[-1] for c in CASES])
+def test_workspace_case_grid(M, N, K, num_sms, what):
+    func = workloads.gemm(M, N, K)
+    sch, _ = _schedule(func, num_sms=num_sms)
+    args = workloads.random_args(func)
+    out = pocl.run(sch.mod, *args, pipeline="tvm_streamk")[-1]
+    assert workloads.relative_error(out, workloads.reference(func, args)) <= FP32_TOL
+
+
+def test_workspace_fp16_inputs():
+    func = workloads.gemm(96, 64, 48, in_dtype="float16")
+    sch, _ = _schedule(func, num_sms=5)
+    args = workloads.random_args(func)
+    out = pocl.run(sch.mod, *args, pipeline="tvm_streamk")[-1]
+    assert workloads.relative_error(out, workloads.reference(func, args)) <= FP32_TOL
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"policy": "stream_k"},
+        {"policy": "split_k", "splits": 3},
+        {"policy": "hybrid", "variant": "one_tile"},
+        {"policy": "hybrid", "variant": "two_tile"},
+    ],
+    ids=lambda k: "-".join(map(str, k.values())),
+)
+def test_workspace_policies(kwargs):
+    func = workloads.gemm(352, 32, 48)
+    sch, plan = _schedule(func, **kwargs)
+    assert plan.split_tiles, "the case must split tiles to exercise the fix-up"
+    args = workloads.random_args(func)
+    out = pocl.run(sch.mod, *args, pipeline="tvm_streamk")[-1]
+    assert workloads.relative_error(out, workloads.reference(func, args)) <= FP32_TOL
+
+
+def test_bitwise_identical_over_20_runs():
+    func = workloads.gemm(32, 32, 512)
+    sch, plan = _schedule(func, num_sms=7)
+    assert plan.peers(0) == 7
+    kernel = pocl.compile(sch.mod, pipeline="tvm_streamk")
+    args = workloads.random_args(func)
+    first = kernel.run(*args)[-1]
+    assert workloads.relative_error(first, workloads.reference(func, args)) <= FP32_TOL
+    for _ in range(19):
+        again = kernel.run(*[a.copy() for a in args])[-1]
+        assert np.array_equal(again.view(np.uint32), first.view(np.uint32))
+
+
+def test_100_launches_reuse_one_workspace():
+    func = workloads.gemm(96, 96, 40)
+    sch, plan = _schedule(func)
+    assert plan.split_tiles
+    kernel = pocl.compile(sch.mod, pipeline="tvm_streamk")
+    args = workloads.random_args(func)
+    outs = kernel.run_repeated(*args, launches=100, poison_outputs=True)
+    ref = workloads.reference(func, args)
+    assert len(outs) == 100
+    for out in outs:
+        assert workloads.relative_error(out[-1], ref) <= FP32_TOL
+
+
+def test_fused_bias_relu_cast_to_fp16():
+    func = workloads.gemm(70, 64, 40, epilogue="bias_relu", out_dtype="float16")
+    sch, plan = _schedule(func, num_sms=4)
+    assert plan.split_tiles
+    args = workloads.random_args(func)
+    out = pocl.run(sch.mod, *args, pipeline="tvm_streamk")[-1]
+    assert out.dtype == np.float16
+    ref = workloads.reference(func, args)
+    assert (ref == 0).any() and (ref > 0).any(), "ReLU must be exercised on both sides"
+    assert workloads.relative_error(out, ref) <= FP16_TOL
+
+
+def test_auto_picks_workspace_for_an_epilogue_and_atomics_for_fp32():
+    epi = workloads.reference_schedule(
+        workloads.gemm(64, 64, 64, epilogue="bias_relu", out_dtype="float16")
+    )
+    tvm_streamk.stream_k(epi, "C_update", num_sms=3, target=OPENCL)
+    plain = workloads.reference_schedule(workloads.gemm(64, 64, 64))
+    tvm_streamk.stream_k(plain, "C_update", num_sms=3, target=OPENCL)
+    fixups = []
+    for sch in (epi, plain):
+        block = sch.get(sch.get_sblock("C_update"))
+        fixups.append(int(block.annotations["tvm_streamk.fixup"]))
+    assert fixups == [1, 0]
+
+
+def test_deterministic_forces_workspace():
+    sch = workloads.reference_schedule(workloads.gemm(64, 64, 64))
+    tvm_streamk.stream_k(sch, "C_update", num_sms=3, deterministic=True, target=OPENCL)
+    assert int(sch.get(sch.get_sblock("C_update")).annotations["tvm_streamk.fixup"]) == 1
+
+
+def test_workspace_is_sized_for_the_split_tiles():
+    from tvm_streamk.analysis import analyze
+    from tvm_streamk.transform.fixup_workspace import WorkspaceFixup
+
+    func = workloads.gemm(96, 96, 40)
+    sch, plan = _schedule(func)
+    site = analyze(sch.mod["main"], "C_update")
+    fix = WorkspaceFixup(site, plan, OPENCL, None, site.band[-1].body)
+    # 4 blocks x 2 slots x (32 x 32 fp32) + one int32 counter per tile.
+    assert fix.workspace_bytes == 4 * 2 * 32 * 32 * 4 + 4 * plan.tiles

@@ -1,0 +1,302 @@
+"""The workspace fix-up: partial tiles meet in a workspace; the last block to arrive finishes them.
+
+Every segment that covers only part of its tile stores its accumulator tile to its own slot of a
+global workspace, then the GPU block arrives at the tile's counter by atomically adding the number
+of panels it covered. The block whose arrival completes the count (``panels``) is the last one:
+it sums the tile's slots in peer order -- peer 0 owns panel 0, then the next peer, and so on, a
+fixed order independent of arrival order, so results are bit-reproducible -- into the accumulator
+and runs the original write-back, epilogue included (bias, activation, casts to fp16/bf16).
+
+Memory. TVM gives a PrimFunc no device memory that persists across calls: buffers allocated by
+the function itself are taken from the runtime's workspace pool at each call, uninitialised. The
+workspace and the counters are such buffers, so the function zeroes the counters in a prologue
+kernel at every call (one int32 per tile); partial slots need no initialisation. Each call owns
+its buffers, so repeated launches, concurrent kernels of one model and several Stream-K kernels
+in one module do not share state. Slots: two per block (its first and last segment may be
+partial; the segments between are whole tiles), one per block for split-K.
+
+Ordering. A thread fences its partial stores (``__threadfence`` / ``mem_fence``) before the block
+barrier that precedes the arrival, so the partials are visible device-wide before the counter
+moves; the last block fences again after seeing the count and, on CUDA, reads partials with
+``__ldcg`` (bypassing the non-coherent L1, whose lines may hold a neighbouring slot's old bytes).
+"""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+from tvm import tirx
+
+from .._compat import (
+    BufferLoadNode,
+    SBlock,
+    SBlockRealize,
+    loaded_buffer,
+    structural_equal,
+    structural_walk,
+)
+from ..analysis import COND_WRITEBACK, StreamKSite, find_block_path
+from ..errors import StreamKError
+from ._ir import (
+    TIR_OPS,
+    Segment,
+    block_loop,
+    fresh_definitions,
+    int_imm,
+    opaque_block,
+    prune_to,
+    replace_block,
+    seq,
+    storage_sync,
+    var,
+    whole,
+)
+from .fixup_atomic import atomic_add
+
+COND_FRAGMENT_SPLIT = "fragment-aligned-split"
+
+
+def check(site: StreamKSite) -> None:
+    """Refuse a site the workspace fix-up cannot finish."""
+    if site.fragment_accumulator:
+        raise StreamKError(
+            COND_FRAGMENT_SPLIT,
+            f"accumulator {site.accumulator.name} in tensor-core fragment scope "
+            f"{site.accumulator.scope()!r}",
+            "Fragment accumulators need the aligned-split decomposition, which is not "
+            "implemented yet; schedule this kernel data-parallel.",
+        )
+    if len(site.writebacks) != 1:
+        names = [wb.block.name_hint for wb in site.writebacks]
+        raise StreamKError(
+            COND_WRITEBACK,
+            f"{len(names)} blocks read the accumulator after the reduction: {names}",
+            "The workspace fix-up re-runs one write-back block per tile; fuse them into one.",
+        )
+
+
+def fence(target: tvm.target.Target) -> tirx.Stmt:
+    """A device-wide memory fence for global memory."""
+    if target.kind.name == "cuda":
+        return tirx.Evaluate(tirx.call_extern("int32", "__threadfence"))
+    # CLK_GLOBAL_MEM_FENCE is 2 in every OpenCL C header.
+    return tirx.Evaluate(tirx.call_extern("int32", "mem_fence", tirx.IntImm("uint32", 2)))
+
+
+class WorkspaceFixup:
+    """Merge partial tiles through a workspace and per-tile arrival counters (module docstring)."""
+
+    def __init__(self, site: StreamKSite, plan, target, group: int | None, tile_body):
+        check(site)
+        self.site, self.plan, self.target = site, plan, target
+        self.tile_body = tile_body
+        path = find_block_path_below(tile_body, site.writebacks[0].block.name_hint)
+        self.writeback = path[-1].block
+        self.loops = [s for s in path if isinstance(s, tirx.For)]
+        for loop in self.loops:
+            if not isinstance(loop.extent, tirx.IntImm):
+                raise StreamKError(
+                    COND_WRITEBACK,
+                    f"write-back loop {loop.loop_var.name} has the non-constant extent "
+                    f"{loop.extent}",
+                    "The workspace holds one tile per slot: give the write-back constant loops.",
+                )
+        self.elems = math.prod(int(loop.extent) for loop in self.loops)
+        self.acc_load = _accumulator_load(self.writeback, site.accumulator)
+        self.active = bool(plan.split_tiles)
+        self.slots_per_block = 1 if plan.policy == "split_k" else 2
+        dtype = site.accumulator_dtype
+        self.workspace = tirx.decl_buffer(
+            (plan.grid * self.slots_per_block, self.elems), dtype, name="sk_workspace"
+        )
+        self.arrivals = tirx.decl_buffer((plan.tiles,), "int32", name="sk_arrivals")
+        self.last = tirx.decl_buffer((1,), "int32", name="sk_last", scope="shared")
+        # ThreadSync refuses shared loads in branch conditions: branch on a register copy.
+        self.is_last = tirx.decl_buffer((1,), "int32", name="sk_is_last", scope="local")
+
+    @property
+    def buffers(self) -> tuple:
+        return (self.workspace, self.arrivals, self.last, self.is_last) if self.active else ()
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Bytes of partial-tile slots plus arrival counters."""
+        if not self.active:
+            return 0
+        slot_bytes = self.elems * tvm.DataType(self.site.accumulator_dtype).bits // 8
+        return self.plan.grid * self.slots_per_block * slot_bytes + 4 * self.plan.tiles
+
+    def _linear(self, loops) -> tirx.Expr:
+        """This thread's element of the tile: the write-back loop nest, flattened."""
+        index = int_imm(0, str(loops[0].loop_var.ty)) if loops else int_imm(0)
+        for loop in loops:
+            index = index * int(loop.extent) + loop.loop_var
+        return index
+
+    def _slot(self, block, first_segment) -> tirx.Expr:
+        if self.slots_per_block == 1:
+            return block
+        return block * 2 + tirx.Select(
+            first_segment, int_imm(0, str(block.ty)), int_imm(1, str(block.ty))
+        )
+
+    def merge_writeback(self, block: SBlock, seg: Segment) -> SBlock:
+        """A partial segment stores its accumulator to its slot instead of writing back."""
+        if not self.active:
+            return block
+        slot = self._slot(seg.block, seg.index == 0)
+        partial = tirx.BufferStore(self.workspace, self.acc_load, [slot, self._linear(self.loops)])
+        return replace_block(
+            block,
+            body=tirx.IfThenElse(seg.full, block.body, partial),
+            writes=[*block.writes, whole(self.workspace)],
+        )
+
+    def after_segment(self, seg: Segment) -> tirx.Stmt | None:
+        """Arrive at the tile's counter; the last block sums the slots and writes the tile."""
+        if not self.active:
+            return None
+        site, plan, panels = self.site, self.plan, self.site.panels
+        covered = seg.k_end - seg.k_begin
+        old = atomic_add(self.target, "int32", tirx.address_of(self.arrivals[seg.tile]), covered)
+        arrive_body = tirx.BufferStore(
+            self.last, tirx.Cast("int32", old + covered == panels), [int_imm(0)]
+        )
+        threads = [lp for lp in self.loops if _tag(lp).startswith("threadIdx")]
+        leader = tirx.const(True, "bool")
+        for loop in threads:
+            leader = tirx.And(leader, loop.loop_var == 0)
+        arrive = opaque_block(
+            "sk_arrive",
+            arrive_body,
+            reads=[whole(self.arrivals)],
+            writes=[whole(self.arrivals), whole(self.last)],
+            predicate=leader,
+        )
+        for loop in reversed(threads):
+            arrive = tirx.For(
+                loop.loop_var,
+                loop.min,
+                loop.extent,
+                loop.kind,
+                arrive,
+                loop.thread_binding,
+                loop.annotations,
+            )
+
+        def finish(realize: SBlockRealize) -> SBlockRealize:
+            block = realize.block
+            acc, idx = loaded_buffer(self.acc_load), self.acc_load.indices
+            dtype = site.accumulator_dtype
+            p = var("sk_peer", str(seg.tile.ty))
+            peer = plan.peer_block(seg.tile, p, TIR_OPS)
+            peer_lo, _ = plan.block_range(peer, 0, TIR_OPS)
+            slot = self._slot(peer, tirx.floordiv(peer_lo, panels) == seg.tile)
+            partial = self._load_partial(slot, self._linear(self.loops))
+            add = tirx.BufferStore(acc, tirx.BufferLoad(acc, idx) + partial, idx)
+            body = seq(
+                [
+                    tirx.BufferStore(acc, tirx.const(0, dtype), idx),
+                    tirx.For(
+                        p,
+                        int_imm(0, str(p.ty)),
+                        plan.tile_peers(seg.tile, TIR_OPS),
+                        tirx.ForKind.SERIAL,
+                        add,
+                    ),
+                    block.body,
+                ]
+            )
+            new_block = replace_block(
+                block,
+                name_hint=block.name_hint + "_sk_fixup",
+                body=body,
+                reads=[*block.reads, whole(self.workspace)],
+                writes=[*block.writes, whole(acc)],
+                annotations={},
+            )
+            return SBlockRealize(realize.iter_values, realize.predicate, new_block)
+
+        finish_nest = prune_to(self.tile_body, {self.writeback.name_hint}, finish)
+        zero = [int_imm(0)]
+        read_last = opaque_block(
+            "sk_read_last",
+            tirx.BufferStore(self.is_last, tirx.BufferLoad(self.last, zero), zero),
+            reads=[whole(self.last)],
+            writes=[whole(self.is_last)],
+        )
+        last = tirx.BufferLoad(self.is_last, zero)
+        fixup = seq(
+            [
+                fence(self.target),
+                storage_sync(),
+                fresh_definitions(arrive),
+                storage_sync(),
+                read_last,
+                tirx.IfThenElse(
+                    last != 0, seq([fence(self.target), fresh_definitions(finish_nest)]), None
+                ),
+            ]
+        )
+        return tirx.IfThenElse(tirx.Not(seg.full), fixup, None)
+
+    def _load_partial(self, slot, index) -> tirx.Expr:
+        load = tirx.BufferLoad(self.workspace, [slot, index])
+        if self.target.kind.name == "cuda":
+            dtype = self.site.accumulator_dtype
+            return tirx.call_extern(dtype, "__ldcg", tirx.address_of(load))
+        return load
+
+    def prologue(self) -> tirx.Stmt | None:
+        """A kernel zeroing the arrival counters (the pool hands out uninitialised memory)."""
+        if not self.active:
+            return None
+        threads = 128
+        tiles = self.plan.tiles
+        dtype = self.site.index_dtype
+        b, t = var("sk_count_block", dtype), var("sk_count_thread", dtype)
+        index = b * threads + t
+        store = opaque_block(
+            "sk_arrivals_zero",
+            tirx.BufferStore(self.arrivals, int_imm(0), [index]),
+            writes=[whole(self.arrivals)],
+            predicate=index < tiles,
+        )
+        thread = tirx.For(
+            t,
+            int_imm(0, dtype),
+            int_imm(threads, dtype),
+            tirx.ForKind.THREAD_BINDING,
+            store,
+            tirx.IterVar(None, var("threadIdx.x", dtype), tirx.IterVar.ThreadIndex, "threadIdx.x"),
+        )
+        return block_loop(b, int_imm((tiles + threads - 1) // threads, dtype), thread)
+
+
+def _tag(loop: tirx.For) -> str:
+    return loop.thread_binding.thread_tag if loop.thread_binding is not None else ""
+
+
+def find_block_path_below(stmt, name: str) -> list:
+    """Statements from ``stmt`` down to the realize of block ``name``."""
+    wrapper = tirx.PrimFunc([], stmt)
+    return find_block_path(wrapper, name)
+
+
+def _accumulator_load(block: SBlock, acc: tirx.Buffer):
+    loads = []
+
+    def visit(load) -> None:
+        if loaded_buffer(load).same_as(acc):
+            loads.append(load)
+
+    structural_walk(block.body, (BufferLoadNode, visit))
+    if not loads or any(not structural_equal(a.indices, loads[0].indices) for a in loads[1:]):
+        raise StreamKError(
+            COND_WRITEBACK,
+            f"write-back block {block.name_hint!r} reads the accumulator {acc.name} "
+            f"{len(loads)} times at different elements",
+            "The write-back must read one accumulator element per output element.",
+        )
+    return loads[0]

@@ -1,0 +1,150 @@
+"""Index the accumulator from its tile's origin, so that it compacts into registers.
+
+The accumulator of a tiled kernel is declared over the whole output (``C_local[M, N]``) and TVM's
+``CompactBufferAllocation`` shrinks it to one thread's register tile by cancelling the tile and
+thread offsets in its indices. In the persistent kernel the tile coordinates are no longer loop
+variables but functions of the tile index (``tile % tiles_n``), and TVM's region analysis expands
+such a modulo into a form it cannot cancel: the compacted register tile gets a data-dependent,
+clamped offset and the GPU compiler has to keep it in local memory. Subtracting the band's share
+of every accumulator index up front (``C_local[v0 - i_0 * BM, v1 - j_0 * BN]``) leaves only
+thread and loop terms, which compact exactly as in the data-parallel kernel.
+
+Every predicated access keeps ``0 <= v - origin <= v < shape``, so the shifted indices stay inside
+the declared buffer.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import tirx
+
+from .._compat import (
+    BufferLoadNode,
+    SBlock,
+    SBlockRealize,
+    arith,
+    loaded_buffer,
+    structural_equal,
+    structural_map,
+    structural_walk,
+)
+from ..analysis import StreamKSite
+from ._ir import replace_block
+
+
+class _NotAffine(Exception):
+    """An accumulator index is not affine in the band variables."""
+
+
+def _band_offset(expr, binding: dict, band: list):
+    """The band variables' share of ``expr`` (None when there is none)."""
+    in_loops = structural_map(expr, (tirx.Var, lambda v: binding.get(v, v)))
+    coeffs = arith.detect_linear_equation(in_loops, band)
+    if len(coeffs) != len(band) + 1:
+        raise _NotAffine(str(expr))
+    offset = None
+    for coeff, var in zip(coeffs[:-1], band):
+        if isinstance(coeff, tirx.IntImm) and int(coeff.value) == 0:
+            continue
+        offset = coeff * var if offset is None else offset + coeff * var
+    return offset
+
+
+def _accesses(block: SBlock, acc) -> list[list]:
+    """Index lists of every access to ``acc`` in ``block`` (body, init, regions)."""
+    found: list[list] = []
+
+    def on_load(load) -> None:
+        if loaded_buffer(load).same_as(acc):
+            found.append(list(load.indices))
+
+    def on_store(store) -> None:
+        if store.buffer.same_as(acc):
+            found.append(list(store.indices))
+
+    for stmt in (block.body, block.init):
+        if stmt is not None:
+            structural_walk(stmt, [(BufferLoadNode, on_load), (tirx.BufferStore, on_store)])
+    for region in [*block.reads, *block.writes]:
+        if loaded_buffer(region).same_as(acc):
+            found.append([r.min for r in region.region])
+    return found
+
+
+def localize_accumulator(body: tirx.Stmt, site: StreamKSite) -> tirx.Stmt:
+    """``body`` with every access to the accumulator shifted by its band offset.
+
+    Returns ``body`` unchanged when some accumulator index is not affine in the band variables,
+    or when blocks disagree on the offset: shifting only some accesses would make blocks address
+    different elements.
+    """
+    acc = site.accumulator
+    band = [loop.loop_var for loop in site.band]
+    shifts: dict[str, list] = {}
+
+    def collect(realize: SBlockRealize) -> SBlockRealize:
+        block = realize.block
+        binding = dict(zip((iv.var for iv in block.iter_vars), realize.iter_values))
+        per_access = [
+            [_band_offset(e, binding, band) for e in idx] for idx in _accesses(block, acc)
+        ]
+        if per_access:
+            first = per_access[0]
+            for other in per_access[1:]:
+                for a, b in zip(first, other):
+                    if (a is None) != (b is None) or (a is not None and not structural_equal(a, b)):
+                        raise _NotAffine("accesses of one block disagree")
+            shifts[block.name_hint] = first
+        return realize
+
+    try:
+        structural_map(body, (SBlockRealize, collect))
+    except _NotAffine:
+        return body
+    if not shifts:
+        return body
+
+    def shift(block: SBlock) -> SBlock:
+        if block.name_hint not in shifts:
+            return block
+        offsets = shifts[block.name_hint]
+
+        def moved(indices):
+            return [e if s is None else e - s for e, s in zip(indices, offsets)]
+
+        def on_load(load):
+            if loaded_buffer(load).same_as(acc):
+                return tirx.BufferLoad(acc, moved(load.indices))
+            return load
+
+        def on_store(store):
+            if store.buffer.same_as(acc):
+                return tirx.BufferStore(acc, store.value, moved(store.indices))
+            return store
+
+        def remap(stmt):
+            if stmt is None:
+                return None
+            return structural_map(stmt, [(BufferLoadNode, on_load), (tirx.BufferStore, on_store)])
+
+        def regions(regs):
+            out = []
+            for region in regs:
+                if loaded_buffer(region).same_as(acc):
+                    ranges = [
+                        r if s is None else tvm.ir.Range.from_min_extent(r.min - s, r.extent)
+                        for r, s in zip(region.region, offsets)
+                    ]
+                    region = tirx.BufferRegion(acc, ranges)
+                out.append(region)
+            return out
+
+        return replace_block(
+            block,
+            body=remap(block.body),
+            init=remap(block.init),
+            reads=regions(block.reads),
+            writes=regions(block.writes),
+        )
+
+    return structural_map(body, (SBlock, shift))
