@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import tvm
 from tvm import tirx
 
 from ._compat import (
@@ -60,6 +61,14 @@ class StreamKSite:
     init_block: SBlock | None
     writebacks: tuple[WriteBack, ...]
     has_init: bool = field(default=False)
+    # Fragment accumulators are stored to a shared buffer before the write-back: that staging
+    # buffer is what the fix-ups merge (None for register accumulators, merged directly).
+    stage: tirx.Buffer | None = None
+
+    @property
+    def merged(self) -> tirx.Buffer:
+        """The buffer whose per-element partial sums a fix-up merges."""
+        return self.stage if self.stage is not None else self.accumulator
 
     @property
     def band_extents(self) -> tuple[int, ...]:
@@ -166,8 +175,46 @@ def _is_zero(expr) -> bool:
     return isinstance(expr, tirx.IntImm | tirx.FloatImm) and float(expr.value) == 0.0
 
 
+# Tensor-core intrinsics: an MMA accumulates (C += A * B) by definition; filling zero is its init.
+MMA_INTRINSICS = ("tirx.tvm_mma_sync", "tirx.ptx_mma", "tirx.ptx_mma_sp", "tirx.mma_sync")
+FILL_INTRINSICS = ("tirx.tvm_fill_fragment", "tirx.mma_fill")
+
+
+def _calls(stmt, names: tuple[str, ...]) -> list:
+    found = []
+
+    def visit(call) -> None:
+        op = getattr(call, "op", None)
+        if op is not None and getattr(op, "name", "") in names:
+            found.append(call)
+
+    structural_walk(stmt, (tvm.ir.Call, visit))
+    return found
+
+
+def _fragment_update(block: SBlock) -> tirx.Buffer | None:
+    """The fragment accumulator of a tensorized MMA update block, or None if it is not one."""
+    frag = [w for w in block.writes if loaded_buffer(w).scope() in FRAGMENT_SCOPES]
+    if len(block.writes) == 1 and frag and _calls(block.body, MMA_INTRINSICS):
+        return loaded_buffer(frag[0])
+    return None
+
+
+def _is_zero_init(block: SBlock, acc: tirx.Buffer) -> bool:
+    body = block.body
+    if isinstance(body, tirx.BufferStore):
+        return _is_zero(body.value)
+    if acc.scope() in FRAGMENT_SCOPES:
+        fills = _calls(body, FILL_INTRINSICS)
+        return bool(fills) and all(_is_zero(call.args[-1]) for call in fills)
+    return False
+
+
 def _check_add_update(block: SBlock) -> tirx.Buffer:
     """The block must be ``acc[idx] = acc[idx] + rhs`` (either order) over one written buffer."""
+    fragment = _fragment_update(block)
+    if fragment is not None:
+        return fragment
     body = block.body
     if len(block.writes) != 1 or not isinstance(body, tirx.BufferStore):
         raise StreamKError(
@@ -250,19 +297,22 @@ def analyze(func: tirx.PrimFunc, block_name: str) -> StreamKSite:
 
     band_body = band[-1].body
     in_panel = {b.name_hint for b in blocks_under(panel)}
+    nested = {b.name_hint for b in blocks_under(block.body)}
     init_block = None
-    writebacks = []
+    stage = None
+    readers = []
     for other in blocks_under(band_body):
-        if other.same_as(block):
+        if other.same_as(block) or other.name_hint in nested:
             continue
         if _writes(other, acc) and other.name_hint not in in_panel:
-            if not (isinstance(other.body, tirx.BufferStore) and _is_zero(other.body.value)):
+            if not _is_zero_init(other, acc):
                 raise StreamKError(
                     COND_REDUCTION,
                     f"block {other.name_hint!r} initialises {acc.name} with `{other.body}`",
                     "A split reduction needs the Add identity (0) as its initial value.",
                 )
             init_block = other
+            nested |= {b.name_hint for b in blocks_under(other.body)}
         elif _writes(other, acc):
             raise StreamKError(
                 COND_REDUCTION,
@@ -277,7 +327,20 @@ def analyze(func: tirx.PrimFunc, block_name: str) -> StreamKSite:
                     f"block {other.name_hint!r} reads the accumulator inside the panel loop",
                     "Read the accumulator only after the reduction.",
                 )
-            writebacks.append(_writeback(other, acc))
+            if acc.scope() in FRAGMENT_SCOPES:
+                stage = _staging(other, acc)
+                nested |= {b.name_hint for b in blocks_under(other.body)}
+            else:
+                readers.append(other)
+        elif stage is not None and _reads(other, stage):
+            readers.append(other)
+    if acc.scope() in FRAGMENT_SCOPES and stage is None:
+        raise StreamKError(
+            COND_WRITEBACK,
+            f"no block stores the fragment accumulator {acc.name} to shared memory",
+            "Stage the fragments in shared memory before the global write-back.",
+        )
+    writebacks = [_writeback(r, stage if stage is not None else acc) for r in readers]
     if block.init is None and init_block is None:
         raise StreamKError(
             COND_REDUCTION,
@@ -300,7 +363,21 @@ def analyze(func: tirx.PrimFunc, block_name: str) -> StreamKSite:
         init_block=init_block,
         writebacks=tuple(writebacks),
         has_init=block.init is not None,
+        stage=stage,
     )
+
+
+def _staging(block: SBlock, acc: tirx.Buffer) -> tirx.Buffer:
+    """The shared buffer a fragment accumulator is stored to by ``block``."""
+    outs = [loaded_buffer(w) for w in block.writes]
+    if len(outs) != 1 or not outs[0].scope().startswith("shared"):
+        found = [f"{b.name} ({b.scope()})" for b in outs]
+        raise StreamKError(
+            COND_WRITEBACK,
+            f"block {block.name_hint!r} stores the fragment accumulator {acc.name} to {found}",
+            "Stage the fragments in one shared-memory buffer before the global write-back.",
+        )
+    return outs[0]
 
 
 def _tile_band(path, block, loops, reduce_vars) -> list[tirx.For]:

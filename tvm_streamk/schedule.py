@@ -5,7 +5,7 @@ from __future__ import annotations
 import tvm
 
 from . import annotations as ann
-from . import decomposition, gpus
+from . import cost_model, decomposition, gpus
 from ._compat import Schedule
 from .analysis import StreamKSite, analyze
 from .errors import StreamKError
@@ -155,16 +155,19 @@ def stream_k(
     sms = _resolve_num_sms(num_sms, target)
 
     try:
-        chosen = decomposition.plan(
-            site.tiles,
-            site.panels,
-            sms,
-            blocks_per_sm=blocks_per_sm,
-            policy=policy,
-            splits=splits,
-            variant=variant,
-            fixup=fixup,
-        )
+        if site.fragment_accumulator:
+            chosen = _aligned_plan(site, sms, blocks_per_sm, policy, splits)
+        else:
+            chosen = decomposition.plan(
+                site.tiles,
+                site.panels,
+                sms,
+                blocks_per_sm=blocks_per_sm,
+                policy=policy,
+                splits=splits,
+                variant=variant,
+                fixup=fixup,
+            )
     except ValueError as err:
         raise StreamKError("decomposition", str(err), "Fix the policy arguments.") from None
     if group is not None and (not isinstance(group, int) or group < 1):
@@ -181,6 +184,43 @@ def stream_k(
     for key, value in decision.as_annotations().items():
         sch.annotate(block_rv, key, value)
     return chosen
+
+
+def _aligned_plan(site: StreamKSite, sms: int, blocks_per_sm: int, policy: str, splits):
+    """The aligned split-K plan a tensor-core fragment accumulator allows.
+
+    Fragments have no addressable elements and the software pipeline over K panels needs a
+    constant trip count, so each tile is split into ``S`` equal panel ranges with ``S`` dividing
+    the panel count. ``stream_k``/``heuristic`` choose ``S`` with the cost model.
+    """
+    panels = site.panels
+    divisors = [d for d in range(1, panels + 1) if panels % d == 0]
+    if policy == "split_k":
+        if splits not in divisors:
+            raise StreamKError(
+                "fragment-aligned-split",
+                f"splits={splits!r} for {panels} K panels of a tensor-core fragment accumulator",
+                f"Fragment accumulators need a split that divides the panel count: one of "
+                f"{divisors}.",
+            )
+        return decomposition.plan(site.tiles, panels, sms, blocks_per_sm, "split_k", splits)
+    if policy == "data_parallel":
+        return decomposition.plan(site.tiles, panels, sms, blocks_per_sm, "data_parallel")
+    if policy not in ("stream_k", "heuristic"):
+        raise StreamKError(
+            "fragment-aligned-split",
+            f"policy={policy!r} for a tensor-core fragment accumulator",
+            "Fragments take only aligned splits: policy 'stream_k' or 'heuristic' (the split "
+            "is chosen for you), 'split_k' with a dividing split, or 'data_parallel'.",
+        )
+    candidates = [decomposition.plan(site.tiles, panels, sms, blocks_per_sm, "data_parallel")]
+    candidates += [
+        decomposition.plan(site.tiles, panels, sms, blocks_per_sm, "split_k", d)
+        for d in divisors[1:]
+    ]
+    times = [cost_model.predicted_time(c, sms, blocks_per_sm) for c in candidates]
+    best = min(range(len(candidates)), key=lambda i: (times[i], i))
+    return candidates[best]
 
 
 def _auto_fixup(site: StreamKSite, target) -> str:

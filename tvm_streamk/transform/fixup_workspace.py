@@ -34,6 +34,7 @@ from .._compat import (
     SBlockRealize,
     loaded_buffer,
     structural_equal,
+    structural_map,
     structural_walk,
 )
 from ..analysis import COND_WRITEBACK, StreamKSite, find_block_path
@@ -59,14 +60,6 @@ COND_FRAGMENT_SPLIT = "fragment-aligned-split"
 
 def check(site: StreamKSite) -> None:
     """Refuse a site the workspace fix-up cannot finish."""
-    if site.fragment_accumulator:
-        raise StreamKError(
-            COND_FRAGMENT_SPLIT,
-            f"accumulator {site.accumulator.name} in tensor-core fragment scope "
-            f"{site.accumulator.scope()!r}",
-            "Fragment accumulators need the aligned-split decomposition, which is not "
-            "implemented yet; schedule this kernel data-parallel.",
-        )
     if len(site.writebacks) != 1:
         names = [wb.block.name_hint for wb in site.writebacks]
         raise StreamKError(
@@ -103,10 +96,10 @@ class WorkspaceFixup:
                     "The workspace holds one tile per slot: give the write-back constant loops.",
                 )
         self.elems = math.prod(int(loop.extent) for loop in self.loops)
-        self.acc_load = _accumulator_load(self.writeback, site.accumulator)
+        self.acc_load = _accumulator_load(self.writeback, site.merged)
         self.active = bool(plan.split_tiles)
         self.slots_per_block = 1 if plan.policy == "split_k" else 2
-        dtype = site.accumulator_dtype
+        dtype = str(site.merged.dtype)
         self.workspace = tirx.decl_buffer(
             (plan.grid * self.slots_per_block, self.elems), dtype, name="sk_workspace"
         )
@@ -114,17 +107,22 @@ class WorkspaceFixup:
         self.last = tirx.decl_buffer((1,), "int32", name="sk_last", scope="shared")
         # ThreadSync refuses shared loads in branch conditions: branch on a register copy.
         self.is_last = tirx.decl_buffer((1,), "int32", name="sk_is_last", scope="local")
+        self.sum = tirx.decl_buffer((1,), str(site.merged.dtype), name="sk_sum", scope="local")
 
     @property
     def buffers(self) -> tuple:
-        return (self.workspace, self.arrivals, self.last, self.is_last) if self.active else ()
+        return (
+            (self.workspace, self.arrivals, self.last, self.is_last, self.sum)
+            if self.active
+            else ()
+        )
 
     @property
     def workspace_bytes(self) -> int:
         """Bytes of partial-tile slots plus arrival counters."""
         if not self.active:
             return 0
-        slot_bytes = self.elems * tvm.DataType(self.site.accumulator_dtype).bits // 8
+        slot_bytes = self.elems * tvm.DataType(str(self.site.merged.dtype)).bits // 8
         return self.plan.grid * self.slots_per_block * slot_bytes + 4 * self.plan.tiles
 
     def _linear(self, loops) -> tirx.Expr:
@@ -157,7 +155,7 @@ class WorkspaceFixup:
         """Arrive at the tile's counter; the last block sums the slots and writes the tile."""
         if not self.active:
             return None
-        site, plan, panels = self.site, self.plan, self.site.panels
+        _site, plan, panels = self.site, self.plan, self.site.panels
         covered = seg.k_end - seg.k_begin
         old = atomic_add(self.target, "int32", tirx.address_of(self.arrivals[seg.tile]), covered)
         arrive_body = tirx.BufferStore(
@@ -187,38 +185,70 @@ class WorkspaceFixup:
 
         def finish(realize: SBlockRealize) -> SBlockRealize:
             block = realize.block
-            acc, idx = loaded_buffer(self.acc_load), self.acc_load.indices
-            dtype = site.accumulator_dtype
+            merged = loaded_buffer(self.acc_load)
             p = var("sk_peer", str(seg.tile.ty))
             peer = plan.peer_block(seg.tile, p, TIR_OPS)
             peer_lo, _ = plan.block_range(peer, 0, TIR_OPS)
             slot = self._slot(peer, tirx.floordiv(peer_lo, panels) == seg.tile)
             partial = self._load_partial(slot, self._linear(self.loops))
-            add = tirx.BufferStore(acc, tirx.BufferLoad(acc, idx) + partial, idx)
+            zero = [int_imm(0)]
+            total = tirx.BufferLoad(self.sum, zero)
+
+            # The write-back reads the sum from a register instead of the merged buffer: writing
+            # the sum back to a shared staging buffer would need barriers inside this branch.
+            def from_sum(load):
+                return total if loaded_buffer(load).same_as(merged) else load
+
             body = seq(
                 [
-                    tirx.BufferStore(acc, tirx.const(0, dtype), idx),
+                    tirx.BufferStore(self.sum, tirx.const(0, str(merged.dtype)), zero),
                     tirx.For(
                         p,
                         int_imm(0, str(p.ty)),
                         plan.tile_peers(seg.tile, TIR_OPS),
                         tirx.ForKind.SERIAL,
-                        add,
+                        tirx.BufferStore(self.sum, total + partial, zero),
                     ),
-                    block.body,
+                    structural_map(block.body, (BufferLoadNode, from_sum)),
                 ]
             )
             new_block = replace_block(
                 block,
                 name_hint=block.name_hint + "_sk_fixup",
                 body=body,
-                reads=[*block.reads, whole(self.workspace)],
-                writes=[*block.writes, whole(acc)],
+                reads=[
+                    *[r for r in block.reads if not loaded_buffer(r).same_as(merged)],
+                    whole(self.workspace),
+                    whole(self.is_last),
+                    whole(self.sum),
+                ],
+                writes=[*block.writes, whole(self.sum)],
                 annotations={},
             )
-            return SBlockRealize(realize.iter_values, realize.predicate, new_block)
+            # The last-arriver test sits in the block predicate, not in an enclosing branch, so
+            # ThreadSync may still place barriers between the nests (never inside a branch).
+            is_last = tirx.BufferLoad(self.is_last, zero) != 0
+            return SBlockRealize(
+                realize.iter_values, tirx.And(realize.predicate, is_last), new_block
+            )
 
-        finish_nest = prune_to(self.tile_body, {self.writeback.name_hint}, finish)
+        def scalar(loop: tirx.For):
+            # One element at a time: the peer loop inside cannot be vectorised.
+            if int(loop.kind) != int(tirx.ForKind.VECTORIZED):
+                return loop
+            return tirx.For(
+                loop.loop_var,
+                loop.min,
+                loop.extent,
+                tirx.ForKind.SERIAL,
+                loop.body,
+                loop.thread_binding,
+                loop.annotations,
+            )
+
+        finish_nest = structural_map(
+            prune_to(self.tile_body, {self.writeback.name_hint}, finish), (tirx.For, scalar)
+        )
         zero = [int_imm(0)]
         read_last = opaque_block(
             "sk_read_last",
@@ -226,7 +256,6 @@ class WorkspaceFixup:
             reads=[whole(self.last)],
             writes=[whole(self.is_last)],
         )
-        last = tirx.BufferLoad(self.is_last, zero)
         fixup = seq(
             [
                 fence(self.target),
@@ -234,9 +263,8 @@ class WorkspaceFixup:
                 fresh_definitions(arrive),
                 storage_sync(),
                 read_last,
-                tirx.IfThenElse(
-                    last != 0, seq([fence(self.target), fresh_definitions(finish_nest)]), None
-                ),
+                fence(self.target),
+                fresh_definitions(finish_nest),
             ]
         )
         return tirx.IfThenElse(tirx.Not(seg.full), fixup, None)
@@ -244,7 +272,7 @@ class WorkspaceFixup:
     def _load_partial(self, slot, index) -> tirx.Expr:
         load = tirx.BufferLoad(self.workspace, [slot, index])
         if self.target.kind.name == "cuda":
-            dtype = self.site.accumulator_dtype
+            dtype = str(self.site.merged.dtype)
             return tirx.call_extern(dtype, "__ldcg", tirx.address_of(load))
         return load
 

@@ -37,7 +37,13 @@ class _NotAffine(Exception):
 
 
 def _band_offset(expr, binding: dict, band: list):
-    """The band variables' share of ``expr`` (None when there is none)."""
+    """The band variables' share of ``expr`` (None when there is none).
+
+    Raises
+    ------
+    _NotAffine
+        When ``expr`` is not affine in the band variables.
+    """
     in_loops = structural_map(expr, (tirx.Var, lambda v: binding.get(v, v)))
     coeffs = arith.detect_linear_equation(in_loops, band)
     if len(coeffs) != len(band) + 1:
@@ -82,23 +88,24 @@ def localize_accumulator(body: tirx.Stmt, site: StreamKSite) -> tirx.Stmt:
     band = [loop.loop_var for loop in site.band]
     shifts: dict[str, list] = {}
 
-    def collect(realize: SBlockRealize) -> SBlockRealize:
-        block = realize.block
-        binding = dict(zip((iv.var for iv in block.iter_vars), realize.iter_values))
-        per_access = [
-            [_band_offset(e, binding, band) for e in idx] for idx in _accesses(block, acc)
-        ]
-        if per_access:
+    # Exceptions do not cross the FFI callbacks of structural_map: gather the blocks first.
+    realizes: list[SBlockRealize] = []
+    structural_walk(body, (SBlockRealize, realizes.append))
+    try:
+        for realize in realizes:
+            block = realize.block
+            binding = dict(zip((iv.var for iv in block.iter_vars), realize.iter_values))
+            per_access = [
+                [_band_offset(e, binding, band) for e in idx] for idx in _accesses(block, acc)
+            ]
+            if not per_access:
+                continue
             first = per_access[0]
             for other in per_access[1:]:
                 for a, b in zip(first, other):
                     if (a is None) != (b is None) or (a is not None and not structural_equal(a, b)):
                         raise _NotAffine("accesses of one block disagree")
             shifts[block.name_hint] = first
-        return realize
-
-    try:
-        structural_map(body, (SBlockRealize, collect))
     except _NotAffine:
         return body
     if not shifts:

@@ -33,7 +33,7 @@ from ..errors import StreamKError
 from ._ir import Segment, block_loop, coordinates, int_imm, over_units, replace_block, seq, var
 from .fixup_atomic import AtomicFixup
 from .fixup_atomic import check as check_atomic
-from .fixup_workspace import WorkspaceFixup
+from .fixup_workspace import COND_FRAGMENT_SPLIT, WorkspaceFixup
 from .fixup_workspace import check as check_workspace
 from .localize import localize_accumulator
 
@@ -96,9 +96,24 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
         # The original kernel already is the data-parallel decomposition.
         return func.with_body(structural_map(func.body, (SBlock, strip)))
 
-    tile_body = localize_accumulator(site.band[-1].body, site)
+    aligned = plan.policy == "split_k" and site.panels % plan.splits == 0
+    if site.fragment_accumulator and not aligned:
+        raise StreamKError(
+            COND_FRAGMENT_SPLIT,
+            f"a {plan.policy} decomposition of {site.panels} panels (splits={plan.splits}) for "
+            f"the tensor-core fragment accumulator {site.accumulator.name}",
+            "Fragments take only aligned splits (split_k with a split dividing the panels).",
+        )
+    # Fragments are addressed through intrinsics, not element indices: nothing to localize.
+    tile_body = site.band[-1].body
+    if not site.fragment_accumulator:
+        tile_body = localize_accumulator(tile_body, site)
     fixup = make_fixup(site, plan, decision, target, tile_body)
-    nests = [fixup.prologue(), _persistent_nest(site, plan, decision, fixup, strip, tile_body)]
+    if aligned:
+        main = _aligned_nest(site, plan, fixup, strip, tile_body)
+    else:
+        main = _persistent_nest(site, plan, decision, fixup, strip, tile_body)
+    nests = [fixup.prologue(), main]
     band_var = site.band[0].loop_var
 
     def swap_band(loop: tirx.For):
@@ -135,23 +150,7 @@ def _persistent_nest(site, plan, decision, fixup, strip, tile_body) -> tirx.Stmt
             return fixup.merge_writeback(block, seg)
         return block
 
-    def ranged_panel(loop: tirx.For):
-        if not loop.loop_var.same_as(panel.loop_var):
-            return loop
-        # Substituted rather than bound: block regions hoisted by later passes must see the loop
-        # variable itself to relax over it.
-        old = loop.loop_var
-        k_dtype = dtype_of(old)
-        k = var(old.name + "_sk", k_dtype)
-        begin, end = (k0, k1)
-        if k_dtype != dtype:
-            begin, end = tirx.Cast(k_dtype, k0), tirx.Cast(k_dtype, k1)
-        body = structural_map(loop.body, (tirx.Var, lambda v: k + begin if v.same_as(old) else v))
-        return tirx.For(
-            k, int_imm(0, k_dtype), end - begin, loop.kind, body, None, loop.annotations
-        )
-
-    tile_body = structural_map(tile_body, [(SBlock, retarget), (tirx.For, ranged_panel)])
+    tile_body = _ranged(tile_body, panel, k0, k1 - k0, retarget)
 
     def walk(lo, hi) -> tirx.Stmt:
         # The tiles a range touches are lo // P .. ceil(hi / P) - 1: one segment each. A counted
@@ -175,6 +174,102 @@ def _persistent_nest(site, plan, decision, fixup, strip, tile_body) -> tirx.Stmt
 
     grid = int_imm(plan.grid, dtype)
     return block_loop(seg.block, grid, over_units(plan, seg.block, walk))
+
+
+def _ranged(tile_body, panel: tirx.For, begin, extent, retarget) -> tirx.Stmt:
+    """``tile_body`` with the panel loop over ``[begin, begin + extent)`` and blocks retargeted."""
+
+    def ranged_panel(loop: tirx.For):
+        if not loop.loop_var.same_as(panel.loop_var):
+            return loop
+        # Substituted rather than bound: block regions hoisted by later passes must see the loop
+        # variable itself to relax over it.
+        old = loop.loop_var
+        k_dtype = dtype_of(old)
+        k = var(old.name + "_sk", k_dtype)
+        start = begin if dtype_of(begin) == k_dtype else tirx.Cast(k_dtype, begin)
+        size = extent if dtype_of(extent) == k_dtype else tirx.Cast(k_dtype, extent)
+        body = structural_map(loop.body, (tirx.Var, lambda v: k + start if v.same_as(old) else v))
+        return tirx.For(k, int_imm(0, k_dtype), size, loop.kind, body, None, loop.annotations)
+
+    return structural_map(tile_body, [(SBlock, retarget), (tirx.For, ranged_panel)])
+
+
+def _aligned_nest(site, plan, fixup, strip, tile_body) -> tirx.Stmt:
+    """Aligned split-K: the original tile band, ``S`` blocks per tile, ``P / S`` panels each.
+
+    The band loops stay loops (only ``blockIdx.z`` gains the split), so every index keeps the
+    form TVM's analyses expect, and the panel loop keeps a constant trip count, which software
+    pipelining and tensor-core fragments need. Block ``tile * S + s`` runs split ``s``.
+    """
+    splits, dtype = plan.splits, site.index_dtype
+    per = site.panels // splits
+    seg = Segment(
+        block=var("sk_block", dtype),
+        index=int_imm(0, dtype),
+        tile=var("sk_tile", dtype),
+        k_begin=var("sk_k_begin", dtype),
+        k_end=var("sk_k_end", dtype),
+        full=var("sk_full", "bool"),
+    )
+    split = var("sk_split", dtype)
+    writeback_names = {wb.block.name_hint for wb in site.writebacks}
+
+    def retarget(block: SBlock) -> SBlock:
+        block = strip(block)
+        if block.name_hint in writeback_names:
+            return fixup.merge_writeback(block, seg)
+        return block
+
+    tile_index = int_imm(0, dtype)
+    for loop in site.band:
+        tile_index = tile_index * int(loop.extent) + loop.loop_var
+    body = seq(
+        [
+            tirx.Bind(seg.tile, tile_index),
+            tirx.Bind(seg.k_begin, split * per),
+            tirx.Bind(seg.k_end, seg.k_begin + per),
+            tirx.Bind(seg.block, seg.tile * splits + split),
+            tirx.Bind(seg.full, tirx.const(splits == 1, "bool")),
+            _ranged(tile_body, site.panel_loop, seg.k_begin, int_imm(per, dtype), retarget),
+            fixup.after_segment(seg),
+        ]
+    )
+    z_loop = next((lp for lp in site.band if lp.thread_binding.thread_tag == "blockIdx.z"), None)
+    for loop in reversed(site.band):
+        if loop is z_loop:
+            # blockIdx.z = z * S + split: the division keeps z analysable.
+            zz = var("sk_z", dtype)
+            body = seq(
+                [
+                    tirx.Bind(loop.loop_var, tirx.floordiv(zz, splits)),
+                    tirx.Bind(split, tirx.floormod(zz, splits)),
+                    body,
+                ]
+            )
+            body = _bound_loop(zz, int(loop.extent) * splits, "blockIdx.z", body)
+        else:
+            body = tirx.For(
+                loop.loop_var,
+                loop.min,
+                loop.extent,
+                loop.kind,
+                body,
+                loop.thread_binding,
+                loop.annotations,
+            )
+    if z_loop is None:
+        body = _bound_loop(split, splits, "blockIdx.z", body)
+    return body
+
+
+def _bound_loop(loop_var, extent: int, tag: str, body) -> tirx.For:
+    dtype = dtype_of(loop_var)
+    binding = tirx.IterVar(None, var(tag, dtype), tirx.IterVar.ThreadIndex, tag)
+    return tirx.For(
+        loop_var, int_imm(0, dtype), int_imm(extent, dtype), tirx.ForKind.THREAD_BINDING, body,
+        binding,
+    )
 
 
 def annotated_blocks(func: tirx.PrimFunc) -> list[str]:

@@ -1,0 +1,166 @@
+"""Tensor-core fragment accumulators: the aligned-split decomposition with the workspace fix-up.
+
+These kernels cannot run on PoCL (no tensor cores); they are checked structurally, compiled with
+nvcc to cubin, and run numerically only where a CUDA GPU is usable (marked ``gpu``).
+"""
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.s_tir import dlight as dl
+
+import tvm_streamk
+from tvm_streamk import annotations as ann
+from tvm_streamk.analysis import analyze, blocks_under
+from tvm_streamk.errors import StreamKError
+
+
+def _cuda_target(tag: str, arch: str) -> tvm.target.Target:
+    # dlight tensorizes only for a plain numeric arch ("sm_90", not the H100 tag's "sm_90a").
+    config = dict(tvm.target.Target(tag).export())
+    config.pop("tag", None)
+    config.pop("host", None)
+    config["arch"] = arch
+    return tvm.target.Target(config)
+
+
+TARGETS = {
+    "sm_80": (_cuda_target("nvidia/nvidia-a100", "sm_80"), 108),
+    "sm_90": (_cuda_target("nvidia/nvidia-h100", "sm_90"), 132),
+}
+
+
+def _dlight_fp16_matmul(M, N, K, target):
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((M, K), "float16"))
+    b = relax.Var("b", relax.TensorType((K, N), "float16"))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            c = bb.emit(relax.op.matmul(a, b, out_dtype="float16"))
+            out = bb.emit_output(c)
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    with target:
+        mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul())(mod)
+    (gv,) = [gv for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    func = mod[gv].with_attr("global_symbol", gv.name_hint)
+    assert "tvm_mma_sync" in func.script(), "dlight must have chosen its WMMA schedule"
+    return tvm.s_tir.Schedule(func)
+
+
+def _update_block(sch) -> str:
+    """The tensorized reduction block, found by what it computes rather than by its name."""
+    func = next(iter(sch.mod.functions.values()))
+    for block in blocks_under(func.body):
+        try:
+            analyze(func, block.name_hint)
+        except StreamKError:
+            continue
+        return block.name_hint
+    raise AssertionError("no Stream-K-able block in the dlight schedule")
+
+
+@pytest.fixture(params=sorted(TARGETS))
+def wmma(request):
+    target, sms = TARGETS[request.param]
+    sch = _dlight_fp16_matmul(512, 384, 1024, target)
+    return request.param, target, sms, sch, _update_block(sch)
+
+
+def test_fragment_accumulator_is_found_with_its_staging_buffer(wmma):
+    _, _, _, sch, block = wmma
+    site = analyze(next(iter(sch.mod.functions.values())), block)
+    assert site.fragment_accumulator
+    assert site.stage is not None and site.stage.scope().startswith("shared")
+    assert [wb.output.name for wb in site.writebacks] == ["matmul"]
+
+
+def test_aligned_split_structure(wmma):
+    _, target, sms, sch, block = wmma
+    plan = tvm_streamk.stream_k(sch, block, num_sms=sms, policy="split_k", splits=4, target=target)
+    assert (plan.policy, plan.splits, plan.grid) == ("split_k", 4, plan.tiles * 4)
+    assert int(sch.get(sch.get_sblock(block)).annotations[ann.KEY_FIXUP]) == 1
+    lowered = tvm_streamk.lower(sch, target)
+    func = next(iter(lowered.functions.values()))
+    text = func.script()
+    site = analyze(next(iter(sch.mod.functions.values())), block)
+    # Every K-panel loop keeps the constant trip count P / S (software pipelining still applies).
+    panel = f'T.serial(T.int64({site.panels // 4}), annotations={{"software_pipeline_order"'
+    assert panel in text
+    # The split lives in blockIdx.z; no persistent worker loop.
+    assert 'T.thread_binding(T.int64(4), thread="blockIdx.z")' in text
+    assert "sk_segment" not in text
+    # The staging tile goes through the workspace and the tile's arrival counter.
+    assert "sk_workspace" in text and "sk_arrivals" in text and "atomicAdd" in text
+
+
+def test_stream_k_policy_picks_an_aligned_split(wmma):
+    _, target, sms, sch, block = wmma
+    plan = tvm_streamk.stream_k(sch, block, num_sms=sms, target=target)
+    assert plan.policy in ("split_k", "data_parallel")
+    if plan.policy == "split_k":
+        assert plan.panels % plan.splits == 0
+
+
+def test_split_not_dividing_the_panels_is_refused(wmma):
+    _, target, sms, sch, block = wmma
+    with pytest.raises(StreamKError) as info:
+        tvm_streamk.stream_k(sch, block, num_sms=sms, policy="split_k", splits=3, target=target)
+    assert info.value.condition == "fragment-aligned-split"
+    assert "divides the panel count" in str(info.value)
+
+
+def test_atomic_fixup_is_refused_for_fragments(wmma):
+    _, target, sms, sch, block = wmma
+    with pytest.raises(StreamKError) as info:
+        tvm_streamk.stream_k(sch, block, num_sms=sms, fixup="atomic", target=target)
+    assert "workspace" in str(info.value)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_cuda_compiles_to_cubin(wmma, tmp_path):
+    arch, target, sms, sch, block = wmma
+    tvm_streamk.stream_k(sch, block, num_sms=sms, policy="split_k", splits=4, target=target)
+    lib = tvm.compile(sch.mod, target=target, tir_pipeline="tvm_streamk")
+    source = lib.mod.imports[0].inspect_source()
+    assert "wmma::mma_sync" in source and "__ldcg" in source and "__threadfence" in source
+    cu = tmp_path / "kernel.cu"
+    cu.write_text(source)
+    result = subprocess.run(
+        ["nvcc", "-cubin", f"-arch={arch}", str(cu), "-o", str(tmp_path / "kernel.cubin")],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "kernel.cubin").stat().st_size > 0
+
+
+def _cuda_usable() -> bool:
+    try:
+        return bool(tvm.cuda(0).exist)
+    except Exception:  # noqa: BLE001 - any failure means no usable GPU
+        return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_usable(), reason="no usable CUDA GPU")
+def test_wmma_stream_k_numerics_on_gpu():
+    target, sms = TARGETS["sm_80"]
+    sch = _dlight_fp16_matmul(512, 384, 1024, target)
+    block = _update_block(sch)
+    tvm_streamk.stream_k(sch, block, num_sms=sms, policy="split_k", splits=4, target=target)
+    lib = tvm.compile(sch.mod, target=target, tir_pipeline="tvm_streamk")
+    dev = tvm.cuda(0)
+    rng = np.random.default_rng()
+    a = rng.uniform(-1, 1, (512, 1024)).astype("float16")
+    b = rng.uniform(-1, 1, (1024, 384)).astype("float16")
+    c = np.full((512, 384), np.nan, dtype="float16")
+    args = [tvm.runtime.tensor(x, dev) for x in (a, b, c)]
+    lib[next(iter(sch.mod.functions.keys())).name_hint](*args)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    out = args[2].numpy().astype(np.float64)
+    assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 2e-2  # fp16 accumulation
