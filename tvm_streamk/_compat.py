@@ -64,3 +64,28 @@ def param_buffers(func: tirx.PrimFunc) -> list[tirx.Buffer]:
 def dtype_of(expr) -> str:
     """The dtype of a scalar TIR expression or variable, as a string."""
     return str(expr.ty)
+
+
+def target_tag(target: tvm.target.Target) -> str | None:
+    """The registered tag a target was built from, or None.
+
+    TVM 0.27 expands a tag into its attributes and leaves ``Target.tag`` empty, so the tag is
+    found again by matching the attributes (host excluded) against the registered tags.
+    """
+    if target.tag:
+        return str(target.tag)
+    import tvm.target.tag as tags
+
+    def config(t: tvm.target.Target) -> dict:
+        exported = dict(t.export())
+        exported.pop("host", None)
+        exported.pop("tag", None)
+        return exported
+
+    mine = config(target)
+    found = [
+        name
+        for name in tags.list_tags()
+        if tvm_ffi.structural_equal(config(tvm.target.Target(name)), mine)
+    ]
+    return str(found[0]) if len(found) == 1 else None

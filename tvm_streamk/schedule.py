@@ -6,7 +6,7 @@ import tvm
 
 from . import annotations as ann
 from . import cost_model, decomposition, gpus
-from ._compat import Schedule
+from ._compat import Schedule, target_tag
 from .analysis import StreamKSite, analyze
 from .errors import StreamKError
 from .transform.fixup_atomic import atomic_dtype_error
@@ -31,7 +31,7 @@ def _resolve_num_sms(num_sms, target: tvm.target.Target | None) -> int:
             "Reading the SM count at run time is not implemented yet; pass num_sms as an int "
             "or use a target tag with a known SM count.",
         )
-    tag = str(target.tag) if target is not None and target.tag else None
+    tag = target_tag(target) if target is not None else None
     arch = None
     if target is not None and target.attrs is not None and "arch" in target.attrs:
         arch = str(target.attrs["arch"])

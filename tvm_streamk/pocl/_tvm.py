@@ -18,9 +18,12 @@ from .._compat import (
 )
 
 __all__ = [
+    "BufferLoad",
+    "BufferStore",
     "BufferType",
     "PointerType",
     "PrimType",
+    "call_pure_extern",
     "codegen_source",
     "dtype_of",
     "get_tir_pipeline",
@@ -68,6 +71,4 @@ def op_name(call) -> str:
 # Constructors whose home moved in 0.27 (``BufferLoad`` is a function returning ``TensorLoad``).
 BufferLoad = tirx.BufferLoad
 BufferStore = tirx.BufferStore
-DeclBuffer = tirx.DeclBuffer
-AllocBuffer = tirx.AllocBuffer
 call_pure_extern = tirx.call_pure_extern

@@ -8,7 +8,14 @@ import tvm
 from tvm import tirx
 
 from .. import decomposition
-from .._compat import SBlock, SBlockRealize, dtype_of, structural_map, structural_walk
+from .._compat import (
+    SBlock,
+    SBlockRealize,
+    arith,
+    dtype_of,
+    structural_map,
+    structural_walk,
+)
 
 
 class TirOps:
@@ -21,6 +28,10 @@ class TirOps:
 
     @staticmethod
     def select(cond, a, b):
+        # A condition known in Python (a constant unit index) picks its branch: a Select left in
+        # an index defeats the region analyses, which bound it by both branches.
+        if isinstance(cond, bool):
+            return a if cond else b
         return tirx.Select(cond, a, b)
 
     @staticmethod
@@ -122,18 +133,36 @@ def block_loop(loop_var: tirx.Var, extent, body) -> tirx.For:
     return tirx.For(loop_var, int_imm(0, dtype), extent, tirx.ForKind.THREAD_BINDING, body, binding)
 
 
-def over_units(plan: decomposition.Plan, b, make_body) -> tirx.Stmt:
-    """``make_body(lo, hi)`` for every unit range of block ``b``; a loop when there are several."""
+def over_units(
+    plan: decomposition.Plan, b, make_body, scratch=(), new_buffers: list | None = None
+) -> tirx.Stmt:
+    """``make_body(lo, hi)`` for every unit range of block ``b``.
+
+    Unit 0 (the whole range for most policies, the Stream-K region of a hybrid) is emitted on its
+    own, the further units (whole data-parallel tiles of a hybrid) in a loop after it. The ranges
+    then hold no ``Select`` on the unit index: TVM's region analyses bound a ``Select`` by both
+    of its branches, which would size every shared and register buffer for the whole matrix.
+    The second copy gets its own ``scratch`` buffers (appended to ``new_buffers``), or their
+    allocations would be planned around both copies and sized for every tile they visit.
+    """
     units = plan.units(TIR_OPS)
     dtype = dtype_of(b)
-    lo, hi = var("sk_lo", dtype), var("sk_hi", dtype)
-    if isinstance(units, int) and units == 1:
-        lo_e, hi_e = plan.block_range(b, 0, TIR_OPS)
+
+    def unit(u, analyzer=None) -> tirx.Stmt:
+        lo, hi = var("sk_lo", dtype), var("sk_hi", dtype)
+        lo_e, hi_e = plan.block_range(b, u, TIR_OPS)
+        if analyzer is not None:
+            lo_e, hi_e = analyzer.simplify(lo_e), analyzer.simplify(hi_e)
         return seq([tirx.Bind(lo, lo_e), tirx.Bind(hi, hi_e), make_body(lo, hi)])
+
+    first = unit(0)
+    if isinstance(units, int) and units == 1:
+        return first
     u = var("sk_unit", dtype)
-    lo_e, hi_e = plan.block_range(b, u, TIR_OPS)
-    body = seq([tirx.Bind(lo, lo_e), tirx.Bind(hi, hi_e), make_body(lo, hi)])
-    return tirx.For(u, int_imm(0, dtype), units, tirx.ForKind.SERIAL, body)
+    analyzer = arith.Analyzer()
+    analyzer.bind(u, tvm.ir.Range.from_min_extent(0, units - 1))
+    rest = fresh_definitions(unit(u + 1, analyzer), scratch, new_buffers)
+    return seq([first, tirx.For(u, int_imm(0, dtype), units - 1, tirx.ForKind.SERIAL, rest)])
 
 
 def coordinates(band: tuple[tirx.For, ...], tile, group: int | None) -> list[tirx.Bind]:
@@ -177,13 +206,19 @@ def storage_sync() -> tirx.Stmt:
     return tirx.Evaluate(tvm.tirx.op.tvm_storage_sync("shared"))
 
 
-def fresh_definitions(stmt: tirx.Stmt) -> tirx.Stmt:
+def fresh_definitions(stmt: tirx.Stmt, buffers=(), new_buffers: list | None = None) -> tirx.Stmt:
     """``stmt`` with a new variable for every loop, block iteration and ``Bind`` it defines.
 
     A statement built from pieces of another (a prologue from the tile body) would otherwise
-    define the same variables twice in one function.
+    define the same variables twice in one function. The ``buffers`` it uses are replaced by
+    new buffers of the same shape, dtype and scope, appended to ``new_buffers``.
     """
     defined: dict = {}
+    for buf in buffers:
+        copy = tirx.decl_buffer(buf.shape, buf.dtype, name=buf.name + "_1", scope=buf.scope())
+        defined[buf] = copy
+        if new_buffers is not None:
+            new_buffers.append(copy)
 
     def define(v) -> None:
         defined.setdefault(v, tirx.Var(v.name, v.ty))

@@ -109,10 +109,13 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
     if not site.fragment_accumulator:
         tile_body = localize_accumulator(tile_body, site)
     fixup = make_fixup(site, plan, decision, target, tile_body)
+    # Scratch buffers (shared, registers) a second copy of the tile body must not share.
+    scratch = [buf for buf in [*root.alloc_buffers, *fixup.buffers] if buf.scope() != "global"]
+    copies: list = []
     if aligned:
         main = _aligned_nest(site, plan, fixup, strip, tile_body)
     else:
-        main = _persistent_nest(site, plan, decision, fixup, strip, tile_body)
+        main = _persistent_nest(site, plan, decision, fixup, strip, tile_body, scratch, copies)
     nests = [fixup.prologue(), main]
     band_var = site.band[0].loop_var
 
@@ -124,12 +127,12 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
     new_root = replace_block(
         root,
         body=structural_map(root.body, (tirx.For, swap_band)),
-        alloc_buffers=[*root.alloc_buffers, *fixup.buffers],
+        alloc_buffers=[*root.alloc_buffers, *fixup.buffers, *copies],
     )
     return func.with_body(SBlockRealize(root_realize.iter_values, root_realize.predicate, new_root))
 
 
-def _persistent_nest(site, plan, decision, fixup, strip, tile_body) -> tirx.Stmt:
+def _persistent_nest(site, plan, decision, fixup, strip, tile_body, scratch, copies) -> tirx.Stmt:
     panels = site.panels
     panel = site.panel_loop
     dtype = site.index_dtype
@@ -173,7 +176,7 @@ def _persistent_nest(site, plan, decision, fixup, strip, tile_body) -> tirx.Stmt
         return tirx.For(seg.index, int_imm(0, dtype), extent, tirx.ForKind.SERIAL, segment)
 
     grid = int_imm(plan.grid, dtype)
-    return block_loop(seg.block, grid, over_units(plan, seg.block, walk))
+    return block_loop(seg.block, grid, over_units(plan, seg.block, walk, scratch, copies))
 
 
 def _ranged(tile_body, panel: tirx.For, begin, extent, retarget) -> tirx.Stmt:
@@ -267,7 +270,11 @@ def _bound_loop(loop_var, extent: int, tag: str, body) -> tirx.For:
     dtype = dtype_of(loop_var)
     binding = tirx.IterVar(None, var(tag, dtype), tirx.IterVar.ThreadIndex, tag)
     return tirx.For(
-        loop_var, int_imm(0, dtype), int_imm(extent, dtype), tirx.ForKind.THREAD_BINDING, body,
+        loop_var,
+        int_imm(0, dtype),
+        int_imm(extent, dtype),
+        tirx.ForKind.THREAD_BINDING,
+        body,
         binding,
     )
 
