@@ -14,7 +14,10 @@ Times are in *units*: one K-panel iteration of one tile (its MMA work and operan
   ``"workspace"``
       a peer writes its partial to the workspace after its segment; the owner (the
       ``k_begin == 0`` segment, see :mod:`tvm_streamk.decomposition`) waits until every peer's
-      partial is written, then reads ``peers - 1`` of them before its epilogue.
+      partial is written, then reads ``peers - 1`` of them before its epilogue. This is the
+      Stream-K paper's fixup. The lowering's fixup lets the *last* peer to arrive read the
+      partials instead, so no block stalls: the tile completes at the same modelled time, and
+      the owner is free earlier, so the model is slightly pessimistic for the generated code.
   ``"atomic"``
       every segment of a split tile atomically adds its partial to the output, with no waiting;
       a prologue kernel first zeroes the split tiles, costing ``c_block + c_seg`` per tile in

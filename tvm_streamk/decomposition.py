@@ -28,11 +28,10 @@ hybrid (Stream-K for the last partial wave, data-parallel for the full ones)
     ``SK = tiles``), so no data-parallel unit is ever empty.
 
 Fixup convention: a tile covered by more than one segment is *split*; its segments are its
-*peers*. With a workspace fixup the segment with ``k_begin == 0`` is the tile's *owner*: it adds
-the partial accumulators of the other peers and writes the tile. In the Stream-K walk the owner reaches that segment at the end
-of its range while the peers ran theirs at the start of theirs, so the partials are usually ready.
-Because owners wait on peers, the Stream-K family needs all blocks co-resident
-(``grid <= num_sms * blocks_per_sm``), which :func:`plan` guarantees.
+*peers*, numbered in ``k`` order (peer 0 holds ``k_begin == 0``). The workspace fixup of the
+lowering lets the last peer to arrive sum all partials in peer order and write the tile, so no
+block ever waits on another; :func:`plan` still keeps Stream-K grids within the resident blocks
+(``grid <= num_sms * blocks_per_sm``), the persistent kernel the model assumes.
 
 The closed forms are written against an *ops* object (:class:`IntOps` by default) and use only
 ``+``, ``-`` and ``*`` directly, so the lowering can evaluate the same functions on TIR
@@ -549,7 +548,7 @@ def _check_plan(p: Plan) -> None:
     slots = None if p.num_sms is None else p.num_sms * p.blocks_per_sm
     if p.policy in ("stream_k", "hybrid") and slots is not None and p.grid > slots:
         raise DecompositionError(
-            f"{p.policy} needs all blocks co-resident (owners wait on peers): grid <= "
+            f"{p.policy} is a persistent grid of resident blocks: grid <= "
             f"num_sms*blocks_per_sm = {slots}, found grid={p.grid}; launch fewer blocks"
         )
     for name, value in expected.items():

@@ -1,7 +1,8 @@
 """The ``tvm_streamk`` TIR pipeline: TVM's default ``s_tir`` pipeline behind ``LowerStreamK``.
 
 ``LowerStreamK`` runs first, while the IR still has blocks, ``T.init`` and iteration variables;
-everything after it (thread syncs, storage planning, host/device split) is TVM's own.
+everything after it (thread syncs, storage planning, host/device split) is TVM's own, except
+``ResolveDeviceSMs`` at the end, which needs the device ``MakePackedAPI`` defines.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import tvm
 from ._compat import get_tir_pipeline, register_tir_pipeline
 from ._compat import target as as_target
 from .transform import LowerStreamK
+from .transform.device_sms import ResolveDeviceSMs
 
 NAME = "tvm_streamk"
 BASE = "s_tir"
@@ -22,7 +24,7 @@ def stream_k_pipeline():
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_streamk.pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return base(LowerStreamK()(mod))
+        return ResolveDeviceSMs()(base(LowerStreamK()(mod)))
 
     return _pipeline, finalize_host, finalize_device
 

@@ -24,13 +24,6 @@ def _resolve_target(target) -> tvm.target.Target | None:
 
 
 def _resolve_num_sms(num_sms, target: tvm.target.Target | None) -> int:
-    if num_sms == "device":
-        raise StreamKError(
-            "num-sms",
-            "num_sms='device'",
-            "Reading the SM count at run time is not implemented yet; pass num_sms as an int "
-            "or use a target tag with a known SM count.",
-        )
     tag = target_tag(target) if target is not None else None
     arch = None
     if target is not None and target.attrs is not None and "arch" in target.attrs:
@@ -72,9 +65,13 @@ def stream_k(
         The schedule.
     block : SBlockRV or str
         The reduction (update) block.
-    num_sms : int, optional
+    num_sms : int or "device", optional
         Streaming multiprocessors of the GPU. Defaults to the table of known GPUs for the target
         (``target`` or the current target scope); an unknown GPU needs it explicitly.
+        ``"device"`` (``policy="stream_k"`` with the atomic fix-up) reads the count from the
+        device at run time: the host sizes the grid and the kernel takes its work split from the
+        launched grid, so one build fits any GPU. The returned plan is then the one for a
+        single SM.
     blocks_per_sm : int
         Resident blocks per SM; the persistent grid is ``blocks_per_sm * num_sms``.
     fixup : str
@@ -151,8 +148,21 @@ def stream_k(
         site = _analyze(sch, block_rv)
     if fixup == "auto":
         fixup = "workspace" if deterministic else _auto_fixup(site, target)
+    if num_sms == "device" and fixup != "atomic":
+        raise StreamKError(
+            "num-sms",
+            f"num_sms='device' with the {fixup} fix-up",
+            "The run-time grid works with the atomic fix-up only (fp32/fp64/int32 accumulators "
+            "with a plain write-back); pass num_sms for the workspace fix-up.",
+        )
     check_fixup(site, fixup, target)
-    sms = _resolve_num_sms(num_sms, target)
+    device_mode = num_sms == "device"
+    if device_mode:
+        _check_device_mode(site, policy)
+        # Plan for one SM: the lowering evaluates the same closed forms on the run-time grid.
+        sms = 1
+    else:
+        sms = _resolve_num_sms(num_sms, target)
 
     try:
         if site.fragment_accumulator:
@@ -175,7 +185,7 @@ def stream_k(
     decision = ann.Decision(
         policy=chosen.policy,
         variant=chosen.variant if chosen.policy == "hybrid" else None,
-        num_sms=sms,
+        num_sms=ann.DEVICE_SMS if device_mode else sms,
         blocks_per_sm=blocks_per_sm,
         splits=chosen.splits if chosen.policy == "split_k" else 1,
         fixup=fixup,
@@ -184,6 +194,22 @@ def stream_k(
     for key, value in decision.as_annotations().items():
         sch.annotate(block_rv, key, value)
     return chosen
+
+
+def _check_device_mode(site: StreamKSite, policy: str) -> None:
+    if site.fragment_accumulator:
+        raise StreamKError(
+            "num-sms",
+            "num_sms='device' for a tensor-core fragment accumulator",
+            "The aligned split of fragments fixes its grid at compile time; pass num_sms.",
+        )
+    if policy != "stream_k":
+        raise StreamKError(
+            "num-sms",
+            f"num_sms='device' with policy={policy!r}",
+            "Only policy='stream_k' derives its work split from the run-time grid; pass "
+            "num_sms for the other policies.",
+        )
 
 
 def _aligned_plan(site: StreamKSite, sms: int, blocks_per_sm: int, policy: str, splits):

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 import tvm
 
 from .._compat import Schedule
+from ..transform.device_sms import bind_multiprocessors
 from ._tvm import codegen_source, get_tir_pipeline, split_host_device_mods
 from .checks import check_supported
+from .device import compute_units
 from .errors import KernelBuildError, PoclError
 from .fp16 import legalize_fp16
 
@@ -119,5 +121,6 @@ def lower(name: str, func: tvm.tirx.PrimFunc, pipeline: str) -> Lowered:
         source = codegen_source(device_mod, target)
     except Exception as err:  # TVM reports failures as assorted builtin exception types
         raise KernelBuildError(f"TVM's OpenCL codegen failed for {name!r}: {err}") from err
-    host_func = host_mod[name]
+    # PoCL's compute units are the multiprocessors of num_sms="device" kernels.
+    host_func = bind_multiprocessors(host_mod[name], compute_units())
     return Lowered(name, func, host_func, device_funcs, prelude + source)

@@ -125,16 +125,23 @@ def whole(buffer: tirx.Buffer):
     )
 
 
-def block_loop(loop_var: tirx.Var, extent, body) -> tirx.For:
-    """``for loop_var in T.thread_binding(extent, "blockIdx.x")``."""
+def bound_loop(loop_var: tirx.Var, extent, body, tag: str = "blockIdx.x") -> tirx.For:
+    """``for loop_var in T.thread_binding(extent, tag)``."""
     dtype = dtype_of(loop_var)
+    if isinstance(extent, int):
+        extent = int_imm(extent, dtype)
     # As the TVMScript parser builds it: the binding's variable is the thread tag, not the loop's.
-    binding = tirx.IterVar(None, var("blockIdx.x", dtype), tirx.IterVar.ThreadIndex, "blockIdx.x")
+    binding = tirx.IterVar(None, var(tag, dtype), tirx.IterVar.ThreadIndex, tag)
     return tirx.For(loop_var, int_imm(0, dtype), extent, tirx.ForKind.THREAD_BINDING, body, binding)
 
 
 def over_units(
-    plan: decomposition.Plan, b, make_body, scratch=(), new_buffers: list | None = None
+    plan: decomposition.Plan,
+    b,
+    make_body,
+    scratch=(),
+    new_buffers: list | None = None,
+    grid=None,
 ) -> tirx.Stmt:
     """``make_body(lo, hi)`` for every unit range of block ``b``.
 
@@ -144,13 +151,14 @@ def over_units(
     of its branches, which would size every shared and register buffer for the whole matrix.
     The second copy gets its own ``scratch`` buffers (appended to ``new_buffers``), or their
     allocations would be planned around both copies and sized for every tile they visit.
+    ``grid`` is the launched grid when it is only known at run time (``num_sms="device"``).
     """
-    units = plan.units(TIR_OPS)
+    units = plan.units(TIR_OPS, grid)
     dtype = dtype_of(b)
 
     def unit(u, analyzer=None) -> tirx.Stmt:
         lo, hi = var("sk_lo", dtype), var("sk_hi", dtype)
-        lo_e, hi_e = plan.block_range(b, u, TIR_OPS)
+        lo_e, hi_e = plan.block_range(b, u, TIR_OPS, grid)
         if analyzer is not None:
             lo_e, hi_e = analyzer.simplify(lo_e), analyzer.simplify(hi_e)
         return seq([tirx.Bind(lo, lo_e), tirx.Bind(hi, hi_e), make_body(lo, hi)])

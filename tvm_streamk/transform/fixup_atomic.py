@@ -17,7 +17,7 @@ from ..analysis import COND_ATOMIC, COND_EPILOGUE, StreamKSite
 from ..errors import StreamKError
 from ._ir import (
     Segment,
-    block_loop,
+    bound_loop,
     coordinates,
     fresh_definitions,
     int_imm,
@@ -105,10 +105,12 @@ def atomic_add(target: tvm.target.Target, dtype: str, address, value) -> tirx.Ex
 class AtomicFixup:
     """Merge partial tiles with atomic adds; see the module docstring."""
 
-    def __init__(self, site: StreamKSite, plan, target, group: int | None, tile_body):
+    def __init__(self, site: StreamKSite, plan, target, group: int | None, tile_body, grid=None):
         check(site, target)
         self.site, self.plan, self.target, self.group = site, plan, target, group
         self.tile_body = tile_body
+        # The launched grid when only known at run time; None for the plan's own grid.
+        self.grid = grid
         self.names = {wb.block.name_hint for wb in site.writebacks}
 
     buffers: tuple = ()
@@ -131,7 +133,7 @@ class AtomicFixup:
         partition the iteration space), so block ``b`` zeroes the tile where each of its ranges
         starts unaligned. Two blocks may zero the same tile: identical stores, a benign race.
         """
-        if not self.plan.split_tiles:
+        if self.grid is None and not self.plan.split_tiles:
             return None
         site, panels = self.site, self.site.panels
 
@@ -164,5 +166,6 @@ class AtomicFixup:
             )
             return tirx.IfThenElse(starts_inside, body, None)
 
-        grid = int_imm(self.plan.grid, dtype)
-        return fresh_definitions(block_loop(b, grid, over_units(self.plan, b, zero_where_split)))
+        grid = int_imm(self.plan.grid, dtype) if self.grid is None else self.grid
+        units = over_units(self.plan, b, zero_where_split, grid=self.grid)
+        return fresh_definitions(bound_loop(b, grid, units))

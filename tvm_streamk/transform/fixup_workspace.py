@@ -42,7 +42,7 @@ from ..errors import StreamKError
 from ._ir import (
     TIR_OPS,
     Segment,
-    block_loop,
+    bound_loop,
     fresh_definitions,
     int_imm,
     opaque_block,
@@ -80,9 +80,11 @@ def fence(target: tvm.target.Target) -> tirx.Stmt:
 class WorkspaceFixup:
     """Merge partial tiles through a workspace and per-tile arrival counters (module docstring)."""
 
-    def __init__(self, site: StreamKSite, plan, target, group: int | None, tile_body):
+    def __init__(self, site: StreamKSite, plan, target, group: int | None, tile_body, grid=None):
         check(site)
         self.site, self.plan, self.target = site, plan, target
+        # The launched grid when only known at run time; None for the plan's own grid.
+        self.grid = grid
         self.tile_body = tile_body
         path = find_block_path_below(tile_body, site.writebacks[0].block.name_hint)
         self.writeback = path[-1].block
@@ -97,11 +99,12 @@ class WorkspaceFixup:
                 )
         self.elems = math.prod(int(loop.extent) for loop in self.loops)
         self.acc_load = _accumulator_load(self.writeback, site.merged)
-        self.active = bool(plan.split_tiles)
+        self.active = grid is not None or bool(plan.split_tiles)
         self.slots_per_block = 1 if plan.policy == "split_k" else 2
         dtype = str(site.merged.dtype)
+        blocks = plan.grid if grid is None else grid
         self.workspace = tirx.decl_buffer(
-            (plan.grid * self.slots_per_block, self.elems), dtype, name="sk_workspace"
+            (blocks * self.slots_per_block, self.elems), dtype, name="sk_workspace"
         )
         self.arrivals = tirx.decl_buffer((plan.tiles,), "int32", name="sk_arrivals")
         self.last = tirx.decl_buffer((1,), "int32", name="sk_last", scope="shared")
@@ -187,8 +190,8 @@ class WorkspaceFixup:
             block = realize.block
             merged = loaded_buffer(self.acc_load)
             p = var("sk_peer", str(seg.tile.ty))
-            peer = plan.peer_block(seg.tile, p, TIR_OPS)
-            peer_lo, _ = plan.block_range(peer, 0, TIR_OPS)
+            peer = plan.peer_block(seg.tile, p, TIR_OPS, self.grid)
+            peer_lo, _ = plan.block_range(peer, 0, TIR_OPS, self.grid)
             slot = self._slot(peer, tirx.floordiv(peer_lo, panels) == seg.tile)
             partial = self._load_partial(slot, self._linear(self.loops))
             zero = [int_imm(0)]
@@ -205,7 +208,7 @@ class WorkspaceFixup:
                     tirx.For(
                         p,
                         int_imm(0, str(p.ty)),
-                        plan.tile_peers(seg.tile, TIR_OPS),
+                        plan.tile_peers(seg.tile, TIR_OPS, self.grid),
                         tirx.ForKind.SERIAL,
                         tirx.BufferStore(self.sum, total + partial, zero),
                     ),
@@ -291,15 +294,8 @@ class WorkspaceFixup:
             writes=[whole(self.arrivals)],
             predicate=index < tiles,
         )
-        thread = tirx.For(
-            t,
-            int_imm(0, dtype),
-            int_imm(threads, dtype),
-            tirx.ForKind.THREAD_BINDING,
-            store,
-            tirx.IterVar(None, var("threadIdx.x", dtype), tirx.IterVar.ThreadIndex, "threadIdx.x"),
-        )
-        return block_loop(b, int_imm((tiles + threads - 1) // threads, dtype), thread)
+        thread = bound_loop(t, threads, store, "threadIdx.x")
+        return bound_loop(b, int_imm((tiles + threads - 1) // threads, dtype), thread)
 
 
 def _tag(loop: tirx.For) -> str:

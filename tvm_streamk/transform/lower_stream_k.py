@@ -13,9 +13,10 @@ For each annotated reduction block the pass replaces the ``blockIdx`` tile band 
 The original body is kept whole (thread loops, shared-memory staging, barriers, micro-kernel), so
 ``ThreadSync`` and the rest of the pipeline treat it as before. The closed forms come from
 :mod:`tvm_streamk.decomposition`, evaluated on TIR expressions: the kernel and the Python plan
-cannot disagree. With the atomic fix-up, a segment that covers the whole tile stores it, any other
+cannot disagree. A segment that covers its whole tile writes it back as before; any other
 segment merges its partial sums through the fix-up the decision names (:mod:`.fixup_atomic`,
-:mod:`.fixup_workspace`), which may add a prologue kernel and buffers of its own.
+:mod:`.fixup_workspace`), which may add a prologue kernel and buffers of its own. Split-K with a
+split dividing the panel count takes a simpler aligned form (:func:`_aligned_nest`).
 
 The pass runs first in the ``tvm_streamk`` pipeline, while blocks and ``T.init`` still exist.
 """
@@ -30,7 +31,8 @@ from .. import decomposition
 from .._compat import SBlock, SBlockRealize, dtype_of, structural_map
 from ..analysis import StreamKSite, analyze, blocks_under
 from ..errors import StreamKError
-from ._ir import Segment, block_loop, coordinates, int_imm, over_units, replace_block, seq, var
+from . import device_sms
+from ._ir import Segment, bound_loop, coordinates, int_imm, over_units, replace_block, seq, var
 from .fixup_atomic import AtomicFixup
 from .fixup_atomic import check as check_atomic
 from .fixup_workspace import COND_FRAGMENT_SPLIT, WorkspaceFixup
@@ -45,11 +47,15 @@ def _without_decision(annotations) -> dict:
 
 
 def plan_for(site: StreamKSite, decision: ann.Decision) -> decomposition.Plan:
-    """The decomposition plan a decision stands for on this site."""
+    """The decomposition plan a decision stands for on this site.
+
+    With ``num_sms="device"`` the plan is made for one SM: its closed forms are then evaluated
+    with the grid launched at run time.
+    """
     return decomposition.plan(
         site.tiles,
         site.panels,
-        decision.num_sms,
+        decision.num_sms or 1,
         blocks_per_sm=decision.blocks_per_sm,
         policy=decision.policy,
         splits=decision.splits if decision.policy == "split_k" else None,
@@ -67,7 +73,7 @@ def check_fixup(site: StreamKSite, fixup: str, target: tvm.target.Target | None)
         raise StreamKError("fixup", f"fixup={fixup!r}", f"Use one of {sorted(FIXUPS)}.")
 
 
-def make_fixup(site: StreamKSite, plan, decision: ann.Decision, target, tile_body):
+def make_fixup(site: StreamKSite, plan, decision: ann.Decision, target, tile_body, grid):
     """The fix-up object that merges partial tiles for this decision."""
     if target is None:
         raise StreamKError(
@@ -76,7 +82,7 @@ def make_fixup(site: StreamKSite, plan, decision: ann.Decision, target, tile_bod
             "Lower through tvm.compile(..., target=...) or tvm_streamk.lower(mod, target).",
         )
     check_fixup(site, decision.fixup, target)
-    return FIXUPS[decision.fixup](site, plan, target, decision.group or None, tile_body)
+    return FIXUPS[decision.fixup](site, plan, target, decision.group or None, tile_body, grid)
 
 
 def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
@@ -108,15 +114,40 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
     tile_body = site.band[-1].body
     if not site.fragment_accumulator:
         tile_body = localize_accumulator(tile_body, site)
-    fixup = make_fixup(site, plan, decision, target, tile_body)
+    device_grid = None
+    if decision.num_sms == ann.DEVICE_SMS:
+        if plan.policy != "stream_k":
+            raise StreamKError(
+                "num-sms",
+                f"num_sms='device' with a {plan.policy} decision",
+                "Only the stream_k policy takes its grid from the device at run time.",
+            )
+        if decision.fixup != "atomic":
+            # TVM hoists the workspace allocation above the grid's binding; a run-time grid
+            # would need a run-time sized workspace.
+            raise StreamKError(
+                "num-sms",
+                f"num_sms='device' with the {decision.fixup} fix-up",
+                "The run-time grid works with the atomic fix-up only; pass num_sms for the "
+                "workspace fix-up.",
+            )
+        device_grid = var("sk_grid", site.index_dtype)
+    fixup = make_fixup(site, plan, decision, target, tile_body, device_grid)
     # Scratch buffers (shared, registers) a second copy of the tile body must not share.
     scratch = [buf for buf in [*root.alloc_buffers, *fixup.buffers] if buf.scope() != "global"]
     copies: list = []
     if aligned:
         main = _aligned_nest(site, plan, fixup, strip, tile_body)
     else:
-        main = _persistent_nest(site, plan, decision, fixup, strip, tile_body, scratch, copies)
+        main = _persistent_nest(
+            site, plan, decision, fixup, strip, tile_body, scratch, copies, device_grid
+        )
     nests = [fixup.prologue(), main]
+    if device_grid is not None:
+        # One block per resident slot of the device, never more blocks than iterations.
+        slots = device_sms.placeholder() * decision.blocks_per_sm
+        grid_value = tirx.min(tirx.Cast(site.index_dtype, slots), plan.iterations)
+        nests.insert(0, tirx.Bind(device_grid, grid_value))
     band_var = site.band[0].loop_var
 
     def swap_band(loop: tirx.For):
@@ -132,7 +163,9 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
     return func.with_body(SBlockRealize(root_realize.iter_values, root_realize.predicate, new_root))
 
 
-def _persistent_nest(site, plan, decision, fixup, strip, tile_body, scratch, copies) -> tirx.Stmt:
+def _persistent_nest(
+    site, plan, decision, fixup, strip, tile_body, scratch, copies, device_grid=None
+) -> tirx.Stmt:
     panels = site.panels
     panel = site.panel_loop
     dtype = site.index_dtype
@@ -175,8 +208,9 @@ def _persistent_nest(site, plan, decision, fixup, strip, tile_body, scratch, cop
         extent = tirx.Select(lo < hi, count, int_imm(0, dtype))
         return tirx.For(seg.index, int_imm(0, dtype), extent, tirx.ForKind.SERIAL, segment)
 
-    grid = int_imm(plan.grid, dtype)
-    return block_loop(seg.block, grid, over_units(plan, seg.block, walk, scratch, copies))
+    grid = int_imm(plan.grid, dtype) if device_grid is None else device_grid
+    units = over_units(plan, seg.block, walk, scratch, copies, device_grid)
+    return bound_loop(seg.block, grid, units)
 
 
 def _ranged(tile_body, panel: tirx.For, begin, extent, retarget) -> tirx.Stmt:
@@ -250,7 +284,7 @@ def _aligned_nest(site, plan, fixup, strip, tile_body) -> tirx.Stmt:
                     body,
                 ]
             )
-            body = _bound_loop(zz, int(loop.extent) * splits, "blockIdx.z", body)
+            body = bound_loop(zz, int(loop.extent) * splits, body, "blockIdx.z")
         else:
             body = tirx.For(
                 loop.loop_var,
@@ -262,21 +296,8 @@ def _aligned_nest(site, plan, fixup, strip, tile_body) -> tirx.Stmt:
                 loop.annotations,
             )
     if z_loop is None:
-        body = _bound_loop(split, splits, "blockIdx.z", body)
+        body = bound_loop(split, splits, body, "blockIdx.z")
     return body
-
-
-def _bound_loop(loop_var, extent: int, tag: str, body) -> tirx.For:
-    dtype = dtype_of(loop_var)
-    binding = tirx.IterVar(None, var(tag, dtype), tirx.IterVar.ThreadIndex, tag)
-    return tirx.For(
-        loop_var,
-        int_imm(0, dtype),
-        int_imm(extent, dtype),
-        tirx.ForKind.THREAD_BINDING,
-        body,
-        binding,
-    )
 
 
 def annotated_blocks(func: tirx.PrimFunc) -> list[str]:

@@ -1,0 +1,46 @@
+"""MetaSchedule integration: Stream-K candidates in the design space, measured and modelled."""
+
+from .annotate import POLICY_CHOICES, annotate_stream_k, applicable_fixups, check_decision, site_of
+from .builder import build, export, stream_k_builder
+from .features import StreamKFeatureExtractor
+from .mutator import MutateStreamK, stream_k_decisions
+from .rule import StreamKKnobs, StreamKRule
+from .runner import PoclRunner
+from .tune import (
+    best_schedule,
+    compile_tuned,
+    mutator_probs,
+    opencl_target,
+    postprocs,
+    schedule_rules,
+    space,
+    tune,
+)
+from .view import has_stream_k, lowered_view
+
+__all__ = [
+    "POLICY_CHOICES",
+    "MutateStreamK",
+    "PoclRunner",
+    "StreamKFeatureExtractor",
+    "StreamKKnobs",
+    "StreamKRule",
+    "annotate_stream_k",
+    "applicable_fixups",
+    "best_schedule",
+    "build",
+    "check_decision",
+    "compile_tuned",
+    "export",
+    "has_stream_k",
+    "lowered_view",
+    "mutator_probs",
+    "opencl_target",
+    "postprocs",
+    "schedule_rules",
+    "site_of",
+    "space",
+    "stream_k_builder",
+    "stream_k_decisions",
+    "tune",
+]

@@ -1,0 +1,273 @@
+"""Record a Stream-K decision whose knobs may be MetaSchedule random variables.
+
+:func:`tvm_streamk.stream_k` takes concrete knobs and decomposes the reduction itself. Inside a
+MetaSchedule design space the knobs are sampled (``sch.sample_categorical``) so the trace records
+them and mutators can change them, and the reduction is decomposed later by the stock
+``RewriteReductionBlock`` postproc. :func:`annotate_stream_k` is the primitive for that setting:
+it validates the tiled reduction with :func:`tvm_streamk.analysis.analyze`, checks the decision
+its knobs currently stand for, and records every knob as an ``annotate`` instruction whose value
+is either an ``IntImm`` or the sampled ``ExprRV`` itself (as ``meta_schedule.unroll_explicit``
+does), so a replay with other decisions re-annotates with the new values.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import tirx
+from tvm.s_tir.schedule import ExprRV
+
+from .. import annotations as ann
+from .. import decomposition
+from .._compat import Schedule
+from ..analysis import StreamKSite, analyze, blocks_under
+from ..errors import StreamKError
+from ..transform.lower_stream_k import check_fixup, plan_for
+
+# Names of the policies a knob may take, each standing for one (policy, hybrid variant) pair of
+# ``tvm_streamk.annotations.POLICY_CODES``.
+POLICY_CHOICES = {
+    "data_parallel": ("data_parallel", None),
+    "split_k": ("split_k", None),
+    "stream_k": ("stream_k", None),
+    "hybrid_one_tile": ("hybrid", "one_tile"),
+    "hybrid_two_tile": ("hybrid", "two_tile"),
+}
+
+
+def policy_code(name: str) -> int:
+    """The annotation code of a policy name of :data:`POLICY_CHOICES`.
+
+    Examples
+    --------
+    >>> policy_code("stream_k"), policy_code("hybrid_two_tile")
+    (2, 4)
+    """
+    if name not in POLICY_CHOICES:
+        raise StreamKError("policy", f"policy {name!r}", f"Use one of {sorted(POLICY_CHOICES)}.")
+    return ann.POLICY_CODES[POLICY_CHOICES[name]]
+
+
+def fixup_code(name: str) -> int:
+    """The annotation code of a fix-up name of :data:`tvm_streamk.annotations.FIXUP_CODES`.
+
+    Examples
+    --------
+    >>> fixup_code("atomic")
+    0
+    """
+    if name not in ann.FIXUP_CODES:
+        raise StreamKError("fixup", f"fixup={name!r}", f"Use one of {sorted(ann.FIXUP_CODES)}.")
+    return ann.FIXUP_CODES[name]
+
+
+def site_of(sch: Schedule, block) -> StreamKSite:
+    """Analyse the tiled reduction around ``block`` (an ``SBlockRV`` or a block name).
+
+    Raises
+    ------
+    StreamKError
+        Naming the first precondition of the Stream-K rewrite the kernel does not meet.
+    """
+    block_rv = sch.get_sblock(block) if isinstance(block, str) else block
+    name = sch.get(block_rv).name_hint
+    for func in sch.mod.functions.values():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        try:
+            return analyze(func, name)
+        except StreamKError as err:
+            if err.condition == "reduction-block" and "no block named" in err.found:
+                continue
+            raise
+    raise StreamKError(
+        "reduction-block", f"block {name!r} in no function", "Pass a block of this schedule."
+    )
+
+
+def applicable_fixups(site: StreamKSite, target: tvm.target.Target | None) -> tuple[str, ...]:
+    """The fix-ups a decision can record (:data:`tvm_streamk.annotations.FIXUP_CODES`) that the
+    lowering accepts for this site and target.
+
+    A new fix-up becomes a tuning choice as soon as it has a code there and passes the lowering's
+    own check.
+    """
+    usable = []
+    for fixup in ann.FIXUP_CODES:
+        try:
+            check_fixup(site, fixup, target)
+        except StreamKError:
+            continue
+        usable.append(fixup)
+    return tuple(usable)
+
+
+def _is_rv(value) -> bool:
+    return isinstance(value, ExprRV) and not isinstance(value, tirx.IntImm)
+
+
+def _concrete(sch: Schedule, value) -> int:
+    if _is_rv(value):
+        return int(sch.get(value))
+    return int(value.value if isinstance(value, tirx.IntImm) else value)
+
+
+def _recorded(value):
+    if _is_rv(value):
+        return value
+    return tirx.IntImm("int32", int(value.value if isinstance(value, tirx.IntImm) else value))
+
+
+def annotate_stream_k(
+    sch: Schedule,
+    block,
+    *,
+    num_sms: int,
+    policy="stream_k",
+    blocks_per_sm=1,
+    splits=1,
+    fixup="atomic",
+    group=0,
+    target=None,
+) -> decomposition.Plan:
+    """Record a Stream-K decision on a tiled reduction block, knobs possibly sampled.
+
+    The block must meet every precondition of :func:`tvm_streamk.stream_k` except that it may
+    still carry ``T.init``: unlike ``stream_k`` this primitive never decomposes the reduction.
+    Decompose it at the panel loop afterwards (MetaSchedule's ``RewriteReductionBlock`` postproc
+    does), then remove the decision the decomposition copies onto the init block
+    (:class:`tvm_streamk.postproc.RewriteStreamKInit` does).
+
+    Each knob is a plain value or an ``ExprRV`` from ``sch.sample_categorical`` whose candidates
+    are codes: ``policy`` codes of :data:`tvm_streamk.annotations.POLICY_CODES` (see
+    :func:`policy_code`), ``fixup`` codes of :data:`tvm_streamk.annotations.FIXUP_CODES` (see
+    :func:`fixup_code`), and plain ints for the others. The decision the knobs take now is
+    validated; a replay with other decisions is re-validated by
+    :class:`tvm_streamk.postproc.VerifyStreamK`.
+
+    Parameters
+    ----------
+    sch : tvm.s_tir.Schedule
+        The schedule.
+    block : SBlockRV or str
+        The reduction block, under its ``blockIdx`` band.
+    num_sms : int
+        Streaming multiprocessors (or compute units) of the device: a fact, never sampled.
+    policy : str, int or ExprRV
+        A name of :data:`POLICY_CHOICES`, or a policy code.
+    blocks_per_sm, splits, group : int or ExprRV
+        As for :func:`tvm_streamk.stream_k`; ``splits`` is used by ``split_k`` only and
+        ``group=0`` means row-major tile order.
+    fixup : str, int or ExprRV
+        A name of :data:`tvm_streamk.annotations.FIXUP_CODES` (``"auto"`` is not one: the
+        choice is the tuner's), or a fix-up code.
+    target : Target, optional
+        Checks that the fix-up can be emitted for the target (atomics for the accumulator dtype).
+
+    Returns
+    -------
+    Plan
+        The decomposition the knobs stand for now.
+
+    Raises
+    ------
+    StreamKError
+        When the kernel or the current decision does not qualify.
+
+    Examples
+    --------
+    Inside a schedule rule, after ``MultiLevelTiling`` bound the tile loops to ``blockIdx.x``::
+
+        policy = sch.sample_categorical(
+            candidates=[policy_code("stream_k"), policy_code("hybrid_two_tile")],
+            probs=[0.5, 0.5],
+        )
+        annotate_stream_k(sch, block, num_sms=132, policy=policy, target=target)
+
+    The trace then holds::
+
+        v7 = sch.sample_categorical(candidates=[2, 4], probs=[0.5, 0.5], decision=1)
+        sch.annotate(block_or_loop=b0, ann_key="tvm_streamk.policy", ann_val=v7)
+        sch.annotate(block_or_loop=b0, ann_key="tvm_streamk.num_sms", ann_val=132)
+        ...
+    """
+    block_rv = sch.get_sblock(block) if isinstance(block, str) else block
+    if isinstance(target, str | dict):
+        target = tvm.target.Target(target)
+    site = site_of(sch, block_rv)
+    if ann.has_decision(site.block.annotations):
+        raise StreamKError(
+            "reduction-block",
+            f"block {site.block.name_hint!r} already carries a Stream-K decision",
+            "Annotate a block once.",
+        )
+    policy = policy_code(policy) if isinstance(policy, str) else policy
+    fixup = fixup_code(fixup) if isinstance(fixup, str) else fixup
+    knobs = {
+        ann.KEY_POLICY: policy,
+        ann.KEY_NUM_SMS: num_sms,
+        ann.KEY_BLOCKS_PER_SM: blocks_per_sm,
+        ann.KEY_SPLITS: splits,
+        ann.KEY_FIXUP: fixup,
+        ann.KEY_GROUP: group,
+    }
+    concrete = {key: tirx.IntImm("int32", _concrete(sch, value)) for key, value in knobs.items()}
+    chosen = check_decision(site, concrete, target)
+    for key, value in knobs.items():
+        sch.annotate(block_rv, key, _recorded(value))
+    return chosen
+
+
+def check_decision(site: StreamKSite, annotations, target) -> decomposition.Plan:
+    """The plan a decision recorded as ``annotations`` stands for on ``site``, or raise.
+
+    Raises
+    ------
+    StreamKError
+        When a code is unknown, the fix-up cannot be used here, or the plan is out of its domain
+        (``splits`` above the panel count after a tile-size mutation, say).
+    """
+    where = site.block.name_hint
+    try:
+        decision = ann.decode(annotations, where)
+    except ValueError as err:
+        raise StreamKError(
+            "decision", str(err), "Record codes of tvm_streamk.annotations."
+        ) from None
+    if decision.num_sms < 1:
+        raise StreamKError(
+            "num-sms", f"num_sms={decision.num_sms} on block {where!r}", "Record a positive count."
+        )
+    if decision.group < 0:
+        raise StreamKError(
+            "group", f"group={decision.group} on block {where!r}", "Record 0 or a positive int."
+        )
+    check_fixup(site, decision.fixup, target)
+    try:
+        return plan_for(site, decision)
+    except ValueError as err:
+        raise StreamKError(
+            "decomposition",
+            f"{err} (block {where!r}: {site.tiles} tiles of {site.panels} panels)",
+            "Sample knobs valid for the tiling.",
+        ) from None
+
+
+def without_stream_k(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with every Stream-K decision removed: the data-parallel twin of a candidate.
+
+    Examples
+    --------
+    >>> has_stream_k(without_stream_k(sch.mod))
+    False
+    """
+    sch = Schedule(mod)
+    for gv, func in mod.functions.items():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        for block in blocks_under(func.body):
+            keys = [k for k in ann.KEYS if k in block.annotations]
+            if keys:
+                block_rv = sch.get_sblock(block.name_hint, func_name=gv.name_hint)
+                for key in keys:
+                    sch.unannotate(block_rv, key)
+    return sch.mod

@@ -1,0 +1,162 @@
+"""``StreamKRule``: add a Stream-K twin of every tiled reduction candidate to the design space."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm.ir.utils import derived_object
+
+from .. import annotations as ann
+from .. import gpus
+from .._compat import Schedule, meta_schedule
+from ..errors import StreamKError
+from .annotate import (
+    POLICY_CHOICES,
+    annotate_stream_k,
+    applicable_fixups,
+    fixup_code,
+    policy_code,
+    site_of,
+)
+
+
+@dataclass(frozen=True)
+class StreamKKnobs:
+    """The values each Stream-K knob is sampled from.
+
+    Attributes
+    ----------
+    policies : tuple of str
+        Names of :data:`tvm_streamk.meta_schedule.annotate.POLICY_CHOICES`. ``data_parallel`` is
+        left out by default: the rule keeps the unannotated candidate, which is data-parallel.
+    blocks_per_sm : tuple of int
+        Resident blocks per SM the persistent grid is sized for.
+    splits : tuple of int
+        Split counts for ``split_k``; those above the panel count of a tiling are dropped.
+    groups : tuple of int
+        Tile-row groups of the tile visiting order; 0 is row-major.
+    fixups : tuple of str, optional
+        Fix-ups to choose from; by default every one of
+        :data:`tvm_streamk.annotations.FIXUP_CODES` the kernel can use.
+    """
+
+    policies: tuple[str, ...] = ("stream_k", "hybrid_two_tile", "hybrid_one_tile", "split_k")
+    blocks_per_sm: tuple[int, ...] = (1, 2)
+    splits: tuple[int, ...] = (2, 3, 4, 8)
+    groups: tuple[int, ...] = (0,)
+    fixups: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("policies", "blocks_per_sm", "splits", "groups"):
+            if not getattr(self, name):
+                raise ValueError(f"StreamKKnobs.{name} must not be empty")
+        for name in self.policies:
+            policy_code(name)
+        for name in self.fixups or ():
+            fixup_code(name)
+        for name, lowest in (("blocks_per_sm", 1), ("splits", 2), ("groups", 0)):
+            bad = [v for v in getattr(self, name) if not isinstance(v, int) or v < lowest]
+            if bad:
+                raise ValueError(f"StreamKKnobs.{name} must hold ints >= {lowest}; found {bad}")
+
+
+def _uniform(n: int) -> list[float]:
+    return [1.0 / n] * n
+
+
+@derived_object
+class StreamKRule(meta_schedule.schedule_rule.PyScheduleRule):
+    """Keep each tiled reduction candidate and add its Stream-K twin with sampled knobs.
+
+    Meant to run right after ``MultiLevelTiling``: for the GPU that rule fuses the outer tile
+    loops into one ``blockIdx.x`` loop, splits the reduction into a serial panel loop inside it,
+    accumulates in a ``local`` cache and writes it back under the thread loops, which is exactly
+    the kernel :func:`tvm_streamk.analysis.analyze` accepts. For a block that qualifies the rule
+    returns the candidate unchanged (data-parallel) and a copy annotated by
+    :func:`~tvm_streamk.meta_schedule.annotate.annotate_stream_k`, each knob drawn by
+    ``sample_categorical`` so the trace records it and :class:`MutateStreamK` can change it. Any
+    other block is returned unchanged. The reduction keeps its ``T.init`` here; the postprocs
+    ``RewriteReductionBlock``, :class:`~tvm_streamk.postproc.RewriteStreamKInit` and
+    :class:`~tvm_streamk.postproc.VerifyStreamK` finish the candidate.
+
+    Parameters
+    ----------
+    num_sms : int, optional
+        SMs (compute units) of the device. By default looked up from the tuning target's tag or
+        arch (:func:`tvm_streamk.gpus.resolve_num_sms`); required for other targets.
+    knobs : StreamKKnobs, optional
+        What the knobs are sampled from.
+
+    Examples
+    --------
+    >>> rules = ms.ScheduleRule.create("cuda")
+    >>> rules.insert(2, StreamKRule(num_sms=132))  # right after MultiLevelTiling
+    """
+
+    def __init__(self, num_sms: int | None = None, knobs: StreamKKnobs | None = None) -> None:
+        super().__init__()
+        self.num_sms = num_sms
+        self.knobs = knobs or StreamKKnobs()
+        self.target: tvm.target.Target | None = None
+        self._resolved_sms: int | None = num_sms
+
+    def _initialize_with_tune_context(self, context) -> None:
+        self.target = context.target
+        if self.num_sms is not None:
+            self._resolved_sms = gpus.resolve_num_sms(self.num_sms)
+            return
+        target = self.target
+        tag = str(target.tag) if target is not None and target.tag else None
+        arch = None
+        if target is not None and target.attrs is not None and "arch" in target.attrs:
+            arch = str(target.attrs["arch"])
+        self._resolved_sms = gpus.resolve_num_sms(None, tag=tag, arch=arch)
+
+    def apply(self, sch: Schedule, block) -> list[Schedule]:
+        if self._resolved_sms is None:
+            raise StreamKError(
+                "num-sms",
+                "a StreamKRule used outside a tune context without num_sms",
+                "Pass StreamKRule(num_sms=...) or use it through a TuneContext.",
+            )
+        try:
+            site = site_of(sch, block)
+        except StreamKError:
+            return [sch]
+        if ann.has_decision(site.block.annotations):
+            return [sch]
+        fixups = applicable_fixups(site, self.target)
+        if self.knobs.fixups is not None:
+            fixups = tuple(f for f in fixups if f in self.knobs.fixups)
+        splits = [s for s in self.knobs.splits if s <= site.panels]
+        policies = [p for p in self.knobs.policies if p != "split_k" or splits]
+        if not fixups or not policies:
+            return [sch]
+
+        twin = sch.copy()
+        twin.seed(sch.fork_seed())
+        values = {
+            "policy": [policy_code(p) for p in policies],
+            "blocks_per_sm": list(self.knobs.blocks_per_sm),
+            "splits": splits or [1],
+            "fixup": [fixup_code(f) for f in fixups],
+            "group": list(self.knobs.groups),
+        }
+        sampled = {
+            name: twin.sample_categorical(candidates=choices, probs=_uniform(len(choices)))
+            for name, choices in values.items()
+        }
+        # The copy shares the block's random variable; every value sampled above is valid for
+        # this tiling, so annotating cannot fail.
+        annotate_stream_k(twin, block, num_sms=self._resolved_sms, target=self.target, **sampled)
+        return [sch, twin]
+
+    def clone(self) -> StreamKRule:
+        rule = StreamKRule(num_sms=self.num_sms, knobs=self.knobs)
+        rule.target = self.target
+        rule._resolved_sms = self._resolved_sms
+        return rule
+
+
+__all__ = ["POLICY_CHOICES", "StreamKKnobs", "StreamKRule"]

@@ -1,0 +1,219 @@
+"""Tune a TIR kernel with Stream-K in the search space; compile the best record with Stream-K."""
+
+from __future__ import annotations
+
+import tvm
+
+from .. import gpus
+from .. import postproc as sk_postproc
+from .._compat import Schedule, meta_schedule
+from .._compat import target as as_target
+from ..pipeline import NAME as PIPELINE
+from .builder import stream_k_builder
+from .features import StreamKFeatureExtractor
+from .mutator import MutateStreamK
+from .rule import StreamKKnobs, StreamKRule
+
+ms = meta_schedule
+
+# The stock GPU rule, postproc and mutator lists; they read thread and shared-memory limits from
+# the target, so they serve OpenCL targets too.
+STOCK_KIND = "cuda"
+# Share of the evolutionary search's mutations spent on Stream-K knobs; the stock CUDA
+# mutators' probabilities add up to 1 and MetaSchedule renormalises.
+MUTATE_STREAM_K_PROB = 0.1
+
+
+def opencl_target(**attrs) -> tvm.target.Target:
+    """The OpenCL target candidates are tuned for on PoCL.
+
+    TVM's OpenCL target already carries the limits MetaSchedule's GPU rules read
+    (``max_threads_per_block`` 256, ``max_shared_memory_per_block`` 16 KiB, ``thread_warp_size``
+    1); ``attrs`` overrides them.
+
+    Examples
+    --------
+    >>> opencl_target().kind.name
+    'opencl'
+    """
+    return tvm.target.Target({"kind": "opencl", **attrs})
+
+
+def _is_opencl(target: tvm.target.Target) -> bool:
+    return target.kind.name == "opencl"
+
+
+def _num_sms(num_sms: int | None, target, resolved: tvm.target.Target) -> int | None:
+    if num_sms is not None:
+        return num_sms
+    if _is_opencl(resolved):
+        from .. import pocl
+
+        return pocl.compute_units()
+    if isinstance(target, str) and target in gpus.SM_COUNT_BY_TAG:
+        # TVM 0.27 drops the tag from a Target built from one (``Target(tag).tag == ""``), so
+        # the tag string given here is the last place it can be read.
+        return gpus.SM_COUNT_BY_TAG[target]
+    return None
+
+
+def schedule_rules(num_sms: int | None = None, knobs: StreamKKnobs | None = None) -> list:
+    """TVM's GPU schedule rules with :class:`StreamKRule` right after ``MultiLevelTiling``.
+
+    Examples
+    --------
+    >>> [type(r).__name__ for r in schedule_rules(num_sms=132)][:3]
+    ['ApplyCustomRule', 'MultiLevelTiling', 'StreamKRule']
+    """
+    rules = list(ms.ScheduleRule.create(STOCK_KIND))
+    tiling = [i for i, r in enumerate(rules) if type(r).__name__.startswith("MultiLevelTiling")]
+    if not tiling:
+        raise RuntimeError("TVM's GPU schedule rules hold no MultiLevelTiling rule")
+    rules.insert(tiling[-1] + 1, StreamKRule(num_sms=num_sms, knobs=knobs))
+    return rules
+
+
+def postprocs() -> list:
+    """TVM's GPU postprocs, then :class:`~tvm_streamk.postproc.RewriteStreamKInit` and
+    :class:`~tvm_streamk.postproc.VerifyStreamK`, which must see the final kernel."""
+    return [
+        *ms.Postproc.create(STOCK_KIND),
+        sk_postproc.RewriteStreamKInit(),
+        sk_postproc.VerifyStreamK(),
+    ]
+
+
+def mutator_probs() -> dict:
+    """TVM's GPU mutators and :class:`MutateStreamK`, with their probabilities."""
+    return {**ms.Mutator.create(STOCK_KIND), MutateStreamK(): MUTATE_STREAM_K_PROB}
+
+
+def space(num_sms: int | None = None, knobs: StreamKKnobs | None = None):
+    """The design space generator: post-order application of :func:`schedule_rules`."""
+    return ms.space_generator.PostOrderApply(
+        sch_rules=schedule_rules(num_sms, knobs),
+        postprocs=postprocs(),
+        mutator_probs=mutator_probs(),
+    )
+
+
+def tune(
+    mod,
+    target,
+    work_dir: str,
+    max_trials: int,
+    *,
+    runner=None,
+    num_sms: int | None = None,
+    knobs: StreamKKnobs | None = None,
+    builder=None,
+    cost_model=None,
+    strategy="evolutionary",
+    num_trials_per_iter: int = 64,
+    num_tuning_cores="physical",
+    seed: int | None = None,
+) -> ms.Database:
+    """Tune ``mod`` with MetaSchedule, Stream-K decompositions included in the search space.
+
+    Every tiled reduction candidate comes in two forms, data-parallel and Stream-K with sampled
+    knobs (:class:`StreamKRule`); both are built with the ``tvm_streamk`` pipeline
+    (:func:`stream_k_builder`), measured, and fed to an ``XGBModel`` whose features see the
+    lowered Stream-K kernel (:class:`StreamKFeatureExtractor`). Records land in a JSON database
+    in ``work_dir``; :func:`compile_tuned` builds the best one.
+
+    Parameters
+    ----------
+    mod : PrimFunc or IRModule
+        The kernel(s) to tune, unscheduled.
+    target : Target, str or dict
+        A CUDA tag (``"nvidia/nvidia-h100"``) or an OpenCL target (:func:`opencl_target`).
+    work_dir : str
+        Where the database and logs go.
+    max_trials : int
+        Candidates to measure in all.
+    runner : ms.Runner, optional
+        Defaults to :class:`PoclRunner` for OpenCL and to MetaSchedule's ``LocalRunner``
+        (a real GPU) otherwise.
+    num_sms : int, optional
+        SMs of the GPU. Defaults to the compute units of the PoCL device for OpenCL, else to
+        :data:`tvm_streamk.gpus.SM_COUNT_BY_TAG` when ``target`` is given as a tag string, else
+        to what the target's arch determines (:func:`tvm_streamk.gpus.resolve_num_sms`).
+    knobs : StreamKKnobs, optional
+        What the Stream-K knobs are sampled from.
+    builder : ms.Builder, optional
+        Defaults to :func:`stream_k_builder`.
+    cost_model : ms.CostModel, optional
+        Defaults to ``XGBModel(extractor=StreamKFeatureExtractor())``.
+    strategy : str or ms.SearchStrategy
+        As for ``ms.tune_tir``; pass an ``EvolutionarySearch`` with a small population to keep
+        short runs short.
+    num_trials_per_iter, num_tuning_cores, seed
+        As for ``ms.tune_tir``.
+
+    Returns
+    -------
+    ms.Database
+
+    Examples
+    --------
+    >>> target = opencl_target()
+    >>> db = tune(workloads.gemm(128, 128, 512), target, "work", max_trials=32)
+    >>> sch = best_schedule(db, workloads.gemm(128, 128, 512), target)
+    >>> pocl.run(sch.mod, *args, pipeline="tvm_streamk")
+    """
+    resolved = as_target(target)
+    num_sms = _num_sms(num_sms, target, resolved)
+    target = resolved
+    if runner is None:
+        if _is_opencl(target):
+            from .runner import PoclRunner
+
+            runner = PoclRunner()
+        else:
+            runner = ms.runner.LocalRunner()
+    if cost_model is None:
+        cores = None if isinstance(num_tuning_cores, str) else num_tuning_cores
+        cost_model = ms.cost_model.XGBModel(
+            extractor=StreamKFeatureExtractor(), num_tuning_cores=cores
+        )
+    return ms.tune_tir(
+        mod,
+        target,
+        work_dir,
+        max_trials,
+        num_trials_per_iter=num_trials_per_iter,
+        builder=builder or stream_k_builder(),
+        runner=runner,
+        cost_model=cost_model,
+        space=space(num_sms, knobs),
+        strategy=strategy,
+        num_tuning_cores=num_tuning_cores,
+        seed=seed,
+    )
+
+
+def best_schedule(database: ms.Database, mod, target) -> Schedule | None:
+    """The schedule of the best record of ``mod`` in ``database`` (None without one).
+
+    Stream-K decisions are still annotations on it: build it with the ``tvm_streamk`` pipeline
+    (:func:`compile_tuned`, or ``tvm_streamk.pocl.run(sch.mod, ..., pipeline="tvm_streamk")``).
+    """
+    return ms.tir_integration.compile_tir(database, mod, as_target(target))
+
+
+def compile_tuned(database: ms.Database, mod, target) -> tvm.runtime.Module:
+    """Build the best record of ``mod`` in ``database`` with the ``tvm_streamk`` pipeline.
+
+    Raises
+    ------
+    LookupError
+        When the database holds no record of ``mod`` for ``target``.
+    """
+    target = as_target(target)
+    sch = best_schedule(database, mod, target)
+    if sch is None:
+        raise LookupError(
+            f"the database holds no tuning record of this module for target {target}; tune it "
+            "first (tvm_streamk.meta_schedule.tune) with the same module and target"
+        )
+    return tvm.compile(sch.mod, target=target, tir_pipeline=PIPELINE)

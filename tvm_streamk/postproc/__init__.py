@@ -1,0 +1,6 @@
+"""MetaSchedule postprocs that finish and check Stream-K candidates."""
+
+from .rewrite_stream_k_init import RewriteStreamKInit
+from .verify_stream_k import VerifyStreamK
+
+__all__ = ["RewriteStreamKInit", "VerifyStreamK"]

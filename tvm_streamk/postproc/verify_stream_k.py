@@ -1,0 +1,77 @@
+"""``VerifyStreamK``: reject a candidate whose Stream-K decision no longer applies."""
+
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.ir.utils import derived_object
+
+from .. import annotations as ann
+from .._compat import Schedule, meta_schedule
+from ..analysis import analyze, blocks_under
+from ..errors import StreamKError
+from ..meta_schedule.annotate import check_decision
+from ..meta_schedule.view import lowered_view
+
+
+@derived_object
+class VerifyStreamK(meta_schedule.postproc.PyPostproc):
+    """Accept a candidate only if its Stream-K decisions lower to valid GPU code for the target.
+
+    Runs last, after the stock postprocs (cooperative fetch, unbound blocks, unrolling,
+    ``RewriteReductionBlock``, ``VerifyGPUCode`` on the data-parallel form) and
+    :class:`RewriteStreamKInit` have shaped the final kernel. For each annotated block it re-runs
+    :func:`tvm_streamk.analysis.analyze`, requires the reduction to be decomposed (the rewrite
+    restarts the panel loop mid-tile, where ``T.init`` would not fire), and re-checks the
+    decision for the tiling (a tile-size mutation can leave ``splits`` above the panel count)
+    and the fix-up for the target. It then lowers the decisions with
+    :class:`~tvm_streamk.transform.LowerStreamK` and runs MetaSchedule's own ``VerifyGPUCode``
+    on the result: the rewritten kernel must meet the target's shared-memory, thread and vector
+    limits too (buffer compaction can fail to tighten a buffer whose indices the persistent walk
+    made data-dependent). A failure rejects the candidate: ``apply`` returns False and
+    MetaSchedule draws another.
+
+    Candidates without a decision are accepted untouched.
+
+    Examples
+    --------
+    >>> postprocs = [*ms.Postproc.create("cuda"), RewriteStreamKInit(), VerifyStreamK()]
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.target = None
+        self.verify_gpu_code = meta_schedule.postproc.VerifyGPUCode()
+
+    def _initialize_with_tune_context(self, context) -> None:
+        self.target = context.target
+        self.verify_gpu_code._initialize_with_tune_context(context)
+
+    def apply(self, sch: Schedule) -> bool:
+        annotated = False
+        for func in sch.mod.functions.values():
+            if not isinstance(func, tirx.PrimFunc):
+                continue
+            for block in blocks_under(func.body):
+                if not ann.has_decision(block.annotations):
+                    continue
+                annotated = True
+                try:
+                    site = analyze(func, block.name_hint)
+                    if site.has_init:
+                        return False
+                    check_decision(site, block.annotations, self.target)
+                except StreamKError:
+                    return False
+        if not annotated:
+            return True
+        try:
+            view = Schedule(lowered_view(sch.mod, self.target))
+        except Exception:  # noqa: BLE001 - any failure to lower means the candidate cannot build
+            return False
+        return bool(self.verify_gpu_code.apply(view))
+
+    def clone(self) -> VerifyStreamK:
+        verify = VerifyStreamK()
+        verify.target = self.target
+        verify.verify_gpu_code = self.verify_gpu_code.clone()
+        return verify
