@@ -125,8 +125,8 @@ def test_heuristic_margin():
 
 
 def test_ties_prefer_the_more_data_parallel_plan():
-    # The two-tile hybrid and Stream-K cut the same segments here; the hybrid keeps its data-parallel
-    # waves.
+    # The two-tile hybrid and Stream-K cut the same segments here; the hybrid keeps its
+    # data-parallel waves.
     scored = {(c.policy, c.variant): predicted_time(c) for c in candidates(4096, 512, num_sms=132)}
     assert scored[("hybrid", "two_tile")] == scored[("stream_k", None)]
     assert choose(4096, 512, 132).variant == "two_tile"

@@ -1,0 +1,198 @@
+"""Stream-K GEMMs built for CUDA through the ``tvm_streamk`` pipeline, compiled offline by nvcc.
+
+Nothing runs: the machine has no GPU. The checks are what the CUDA source and nvcc's PTX show:
+a zero-prologue kernel and a persistent kernel, the atomic fix-up as ``atomicAdd``, and which PTX
+atomic each accumulator dtype becomes on sm_80 and sm_90. ``tvm.support.nvcc.compile_cuda`` reads
+the compute version from the current target, so it is called inside ``with target``.
+"""
+
+import re
+import shutil
+
+import pytest
+import tvm
+from tvm.support import nvcc
+
+import tvm_streamk
+from tvm_streamk import workloads
+from tvm_streamk.errors import StreamKError
+from tvm_streamk.gpus import SM_COUNT_BY_TAG
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+
+TAGS = ("nvidia/nvidia-h100", "nvidia/nvidia-a100")
+# 4 x 3 tiles of 64 x 64 and 32 K-panels of 16: 384 iterations over the tag's SM count, so every
+# tile is split and the zero prologue has work.
+M, N, K = 256, 192, 512
+KERNEL = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\((\d+)\)\s+)?(\w+)\(([^)]*)\)\s*\{")
+PTX_ATOMIC = re.compile(r"\b(?:atom|red)\.[\w.]+")
+
+
+def _stream_k_source(tag: str, in_dtype: str, acc_dtype: str | None = None, **tile) -> tuple:
+    target = tvm.target.Target(tag)
+    func = workloads.gemm(M, N, K, in_dtype=in_dtype, acc_dtype=acc_dtype)
+    sch = workloads.reference_schedule(func, **(tile or dict(bm=64, bn=64, bk=16)))
+    plan = tvm_streamk.stream_k(
+        sch, "C_update", num_sms=SM_COUNT_BY_TAG[tag], fixup="atomic", target=target
+    )
+    lib = tvm.compile(sch.mod, target=target, tir_pipeline="tvm_streamk")
+    (device_module,) = lib.mod.imports
+    return target, plan, device_module.inspect_source()
+
+
+def _nvcc(source: str, target: tvm.target.Target, target_format: str) -> bytes:
+    """nvcc's output for the target's own arch (``sm_90a`` for the H100 tag: nvcc 13 takes it)."""
+    with target:
+        return bytes(
+            nvcc.compile_cuda(
+                source,
+                target_format=target_format,
+                arch=str(target.attrs["arch"]),
+                compiler="nvcc",
+            )
+        )
+
+
+CASES = [(tag, in_dtype) for tag in TAGS for in_dtype in ("float32", "float16")]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0].split('-')[-1]}-{c[1]}")
+def built(request):
+    tag, in_dtype = request.param
+    target, plan, source = _stream_k_source(tag, in_dtype)
+    return tag, in_dtype, target, plan, source
+
+
+def test_source_has_a_zero_prologue_and_a_persistent_kernel(built):
+    _, in_dtype, _, plan, source = built
+    assert plan.policy == "stream_k" and plan.split_tiles
+    kernels = KERNEL.findall(source)
+    assert len(kernels) == 2, kernels
+    (zero_threads, _, zero_params), (main_threads, _, main_params) = kernels
+    # The prologue only touches the output; the persistent kernel reads both operands.
+    assert "C_ptr" in zero_params and "A_ptr" not in zero_params and "B_ptr" not in zero_params
+    assert all(p in main_params for p in ("A_ptr", "B_ptr", "C_ptr"))
+    ctype = {"float32": "float", "float16": "half"}[in_dtype]
+    assert f"{ctype}* __restrict__ A_ptr" in main_params
+    assert zero_threads == main_threads == "256"  # the 16 x 16 threads of a 64 x 64 tile
+
+
+def test_partial_tiles_are_merged_with_atomic_add_into_fp32(built):
+    _, _, _, _, source = built
+    calls = [line for line in source.splitlines() if "atomicAdd(" in line]
+    assert len(calls) == 1, calls
+    assert "&(C_ptr[" in calls[0]
+
+
+def test_nvcc_compiles_the_source_to_cubin(built):
+    _, _, target, _, source = built
+    cubin = _nvcc(source, target, "cubin")
+    assert cubin[:4] == b"\x7fELF"
+
+
+def test_ptx_has_both_kernels_and_a_global_fp32_atomic_add(built):
+    _, _, target, _, source = built
+    ptx = _nvcc(source, target, "ptx").decode()
+    assert len(re.findall(r"\.entry\s+\w+", ptx)) == 2
+    assert set(PTX_ATOMIC.findall(ptx)) & {"atom.global.add.f32", "red.global.add.f32"}
+
+
+# A half-precision accumulator: sm_70+ has a native fp16 atomic add; bf16 is native from sm_90,
+# while on sm_80 CUDA's header emulates it with a 16-bit compare-and-swap loop. Both are legal.
+ACCUMULATORS = [
+    ("nvidia/nvidia-h100", "float16", "atom.add.noftz.f16"),
+    ("nvidia/nvidia-a100", "float16", "atom.add.noftz.f16"),
+    ("nvidia/nvidia-h100", "bfloat16", "atom.add.noftz.bf16"),
+    ("nvidia/nvidia-a100", "bfloat16", "atom.global.cas.b16"),
+]
+
+
+@pytest.mark.parametrize(
+    "tag,acc_dtype,ptx_atomic", ACCUMULATORS, ids=lambda v: str(v).split("-")[-1]
+)
+def test_half_precision_accumulator_atomics(tag, acc_dtype, ptx_atomic):
+    target, plan, source = _stream_k_source(
+        tag, acc_dtype, acc_dtype, bm=32, bn=32, bk=16, tm=4, tn=4
+    )
+    assert plan.split_tiles
+    ctype = {"float16": "half", "bfloat16": "nv_bfloat16"}[acc_dtype]
+    assert f"{ctype}* __restrict__ C_ptr" in source
+    atomics = set(PTX_ATOMIC.findall(_nvcc(source, target, "ptx").decode()))
+    assert ptx_atomic in atomics, atomics
+    if ptx_atomic.startswith("atom.global.cas"):
+        assert not any(a.startswith("atom.add") for a in atomics)
+
+
+@pytest.mark.parametrize(
+    "tag,acc_dtype,needs",
+    [("nvidia/nvidia-t4", "bfloat16", "sm_80"), ("nvidia/tesla-p100", "float16", "sm_70")],
+)
+def test_accumulators_without_a_device_atomic_are_refused(tag, acc_dtype, needs):
+    func = workloads.gemm(64, 64, 64, in_dtype="float16", acc_dtype=acc_dtype)
+    sch = workloads.reference_schedule(func)
+    with pytest.raises(StreamKError) as info:
+        tvm_streamk.stream_k(
+            sch, "C_update", num_sms=SM_COUNT_BY_TAG[tag], fixup="atomic", target=tag
+        )
+    assert info.value.condition == "atomic-dtype"
+    assert acc_dtype in str(info.value) and needs in str(info.value)
+
+
+# The persistent kernel must keep the data-parallel kernel's on-chip footprint: one tile's panels
+# in shared memory and one thread's register tile, whatever the policy. 5 tiles of 32 x 32 with
+# 128 K-panels on 2 SMs: the hybrids mix a Stream-K unit with data-parallel waves (3 and 2 units).
+ALLOCATION = re.compile(
+    r"^\s*(__shared__\s+)?(?:alignas\(\d+\)\s+)?(\w+)\s+(\w+)\[(\d+)\];\s*$", re.M
+)
+FOOTPRINT_POLICIES = [
+    dict(policy="stream_k"),
+    dict(policy="hybrid", variant="one_tile"),
+    dict(policy="hybrid", variant="two_tile"),
+    dict(policy="split_k", splits=2),
+]
+
+
+def _allocations(source: str) -> dict[str, tuple[str, str, int]]:
+    """Fixed-size arrays the kernels declare: name -> (scope, dtype, elements)."""
+    return {
+        name: ("shared" if shared else "local", dtype, int(count))
+        for shared, dtype, name, count in ALLOCATION.findall(source)
+    }
+
+
+def _footprint(**kwargs) -> tuple[tvm_streamk.Plan, dict, tvm.target.Target]:
+    target = tvm.target.Target("nvidia/nvidia-a100")
+    sch = workloads.reference_schedule(workloads.gemm(160, 32, 1024))
+    plan = tvm_streamk.stream_k(sch, "C_update", num_sms=2, fixup="atomic", target=target, **kwargs)
+    lib = tvm.compile(sch.mod, target=target, tir_pipeline="tvm_streamk")
+    return plan, _allocations(lib.mod.imports[0].inspect_source()), target
+
+
+@pytest.fixture(scope="module")
+def data_parallel_footprint() -> dict:
+    _, allocations, _ = _footprint(policy="data_parallel")
+    assert allocations == {
+        "C_local_ptr": ("local", "float", 16),
+        "A_shared_ptr": ("shared", "float", 256),
+        "B_shared_ptr": ("shared", "float", 256),
+    }
+    return allocations
+
+
+@pytest.mark.parametrize("kwargs", FOOTPRINT_POLICIES, ids=lambda k: "-".join(map(str, k.values())))
+def test_every_policy_keeps_the_data_parallel_footprint(kwargs, data_parallel_footprint):
+    plan, allocations, target = _footprint(**kwargs)
+    if plan.policy == "hybrid":
+        assert plan.units() > 1
+
+    def of_scope(allocs: dict, scope: str) -> dict:
+        return {name: a for name, a in allocs.items() if a[0] == scope}
+
+    assert of_scope(allocations, "shared") == of_scope(data_parallel_footprint, "shared")
+    # The register tile may be declared once per loop nest (a hybrid's Stream-K and data-parallel
+    # parts), but always at the data-parallel size.
+    assert set(of_scope(allocations, "local").values()) == set(
+        of_scope(data_parallel_footprint, "local").values()
+    )
+    shared_bytes = sum(4 * n for _, _, n in of_scope(allocations, "shared").values())
+    assert shared_bytes <= int(target.attrs["max_shared_memory_per_block"])
