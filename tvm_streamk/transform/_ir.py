@@ -112,6 +112,19 @@ def replace_block(block: SBlock, **changes) -> SBlock:
     return SBlock(**fields)
 
 
+def with_body(loop: tirx.For, body: tirx.Stmt, kind: tirx.ForKind | None = None) -> tirx.For:
+    """``loop`` around ``body`` (and of ``kind`` when given), everything else kept."""
+    return tirx.For(
+        loop.loop_var,
+        loop.min,
+        loop.extent,
+        loop.kind if kind is None else kind,
+        body,
+        loop.thread_binding,
+        loop.annotations,
+    )
+
+
 def opaque_block(name: str, body, reads=(), writes=(), predicate=True) -> SBlockRealize:
     """A block without iteration variables around ``body``, guarded by ``predicate``."""
     block = SBlock([], list(reads), list(writes), name, body)
@@ -192,17 +205,7 @@ def prune_to(stmt, names: set[str], rewrite_realize):
         return seq(kept) if kept else None
     if isinstance(stmt, tirx.For):
         body = prune_to(stmt.body, names, rewrite_realize)
-        if body is None:
-            return None
-        return tirx.For(
-            stmt.loop_var,
-            stmt.min,
-            stmt.extent,
-            stmt.kind,
-            body,
-            stmt.thread_binding,
-            stmt.annotations,
-        )
+        return None if body is None else with_body(stmt, body)
     if isinstance(stmt, tirx.IfThenElse):
         then = prune_to(stmt.then_case, names, rewrite_realize)
         return None if then is None else tirx.IfThenElse(stmt.condition, then, None)

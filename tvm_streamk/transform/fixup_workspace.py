@@ -52,6 +52,7 @@ from ._ir import (
     storage_sync,
     var,
     whole,
+    with_body,
 )
 from .fixup_atomic import atomic_add
 
@@ -176,15 +177,7 @@ class WorkspaceFixup:
             predicate=leader,
         )
         for loop in reversed(threads):
-            arrive = tirx.For(
-                loop.loop_var,
-                loop.min,
-                loop.extent,
-                loop.kind,
-                arrive,
-                loop.thread_binding,
-                loop.annotations,
-            )
+            arrive = with_body(loop, arrive)
 
         def finish(realize: SBlockRealize) -> SBlockRealize:
             block = realize.block
@@ -239,15 +232,7 @@ class WorkspaceFixup:
             # One element at a time: the peer loop inside cannot be vectorised.
             if int(loop.kind) != int(tirx.ForKind.VECTORIZED):
                 return loop
-            return tirx.For(
-                loop.loop_var,
-                loop.min,
-                loop.extent,
-                tirx.ForKind.SERIAL,
-                loop.body,
-                loop.thread_binding,
-                loop.annotations,
-            )
+            return with_body(loop, loop.body, tirx.ForKind.SERIAL)
 
         finish_nest = structural_map(
             prune_to(self.tile_body, {self.writeback.name_hint}, finish), (tirx.For, scalar)

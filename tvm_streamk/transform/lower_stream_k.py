@@ -32,7 +32,17 @@ from .._compat import SBlock, SBlockRealize, dtype_of, structural_map
 from ..analysis import StreamKSite, analyze, blocks_under
 from ..errors import StreamKError
 from . import device_sms
-from ._ir import Segment, bound_loop, coordinates, int_imm, over_units, replace_block, seq, var
+from ._ir import (
+    Segment,
+    bound_loop,
+    coordinates,
+    int_imm,
+    over_units,
+    replace_block,
+    seq,
+    var,
+    with_body,
+)
 from .fixup_atomic import AtomicFixup
 from .fixup_atomic import check as check_atomic
 from .fixup_workspace import COND_FRAGMENT_SPLIT, WorkspaceFixup
@@ -167,7 +177,6 @@ def _persistent_nest(
     site, plan, decision, fixup, strip, tile_body, scratch, copies, device_grid=None
 ) -> tirx.Stmt:
     panels = site.panels
-    panel = site.panel_loop
     dtype = site.index_dtype
     seg = Segment(
         block=var("sk_block", dtype),
@@ -178,15 +187,7 @@ def _persistent_nest(
         full=var("sk_full", "bool"),
     )
     tile, k0, k1 = seg.tile, seg.k_begin, seg.k_end
-    writeback_names = {wb.block.name_hint for wb in site.writebacks}
-
-    def retarget(block: SBlock) -> SBlock:
-        block = strip(block)
-        if block.name_hint in writeback_names:
-            return fixup.merge_writeback(block, seg)
-        return block
-
-    tile_body = _ranged(tile_body, panel, k0, k1 - k0, retarget)
+    tile_body = _ranged(tile_body, site, seg, fixup, strip, k1 - k0)
 
     def walk(lo, hi) -> tirx.Stmt:
         # The tiles a range touches are lo // P .. ceil(hi / P) - 1: one segment each. A counted
@@ -213,8 +214,17 @@ def _persistent_nest(
     return bound_loop(seg.block, grid, units)
 
 
-def _ranged(tile_body, panel: tirx.For, begin, extent, retarget) -> tirx.Stmt:
-    """``tile_body`` with the panel loop over ``[begin, begin + extent)`` and blocks retargeted."""
+def _ranged(tile_body, site: StreamKSite, seg: Segment, fixup, strip, extent) -> tirx.Stmt:
+    """``tile_body`` with the panel loop over ``extent`` panels from ``seg.k_begin``, and the
+    write-back blocks handed to the fix-up."""
+    panel, begin = site.panel_loop, seg.k_begin
+    writeback_names = {wb.block.name_hint for wb in site.writebacks}
+
+    def retarget(block: SBlock) -> SBlock:
+        block = strip(block)
+        if block.name_hint in writeback_names:
+            return fixup.merge_writeback(block, seg)
+        return block
 
     def ranged_panel(loop: tirx.For):
         if not loop.loop_var.same_as(panel.loop_var):
@@ -250,13 +260,6 @@ def _aligned_nest(site, plan, fixup, strip, tile_body) -> tirx.Stmt:
         full=var("sk_full", "bool"),
     )
     split = var("sk_split", dtype)
-    writeback_names = {wb.block.name_hint for wb in site.writebacks}
-
-    def retarget(block: SBlock) -> SBlock:
-        block = strip(block)
-        if block.name_hint in writeback_names:
-            return fixup.merge_writeback(block, seg)
-        return block
 
     tile_index = int_imm(0, dtype)
     for loop in site.band:
@@ -268,7 +271,7 @@ def _aligned_nest(site, plan, fixup, strip, tile_body) -> tirx.Stmt:
             tirx.Bind(seg.k_end, seg.k_begin + per),
             tirx.Bind(seg.block, seg.tile * splits + split),
             tirx.Bind(seg.full, tirx.const(splits == 1, "bool")),
-            _ranged(tile_body, site.panel_loop, seg.k_begin, int_imm(per, dtype), retarget),
+            _ranged(tile_body, site, seg, fixup, strip, int_imm(per, dtype)),
             fixup.after_segment(seg),
         ]
     )
@@ -286,15 +289,7 @@ def _aligned_nest(site, plan, fixup, strip, tile_body) -> tirx.Stmt:
             )
             body = bound_loop(zz, int(loop.extent) * splits, body, "blockIdx.z")
         else:
-            body = tirx.For(
-                loop.loop_var,
-                loop.min,
-                loop.extent,
-                loop.kind,
-                body,
-                loop.thread_binding,
-                loop.annotations,
-            )
+            body = with_body(loop, body)
     if z_loop is None:
         body = bound_loop(split, splits, body, "blockIdx.z")
     return body
