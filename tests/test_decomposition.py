@@ -451,7 +451,7 @@ def test_error_is_a_value_error():
 def test_plan_constructor_checks_closed_forms():
     with pytest.raises(DecompositionError, match="data_parallel plan needs grid=4, found 3"):
         Plan("data_parallel", 4, 2, grid=3, num_sms=None, blocks_per_sm=1)
-    with pytest.raises(DecompositionError, match="co-resident"):
+    with pytest.raises(DecompositionError, match="persistent grid of resident blocks"):
         Plan("stream_k", 4, 2, grid=5, num_sms=2, blocks_per_sm=2, sk_tiles=4)
     with pytest.raises(DecompositionError, match="use plan\\(\\) to resolve 'heuristic'"):
         Plan("heuristic", 4, 2, grid=4, num_sms=None, blocks_per_sm=1)

@@ -41,7 +41,7 @@ def expected_stream_k(A: T.Buffer((64, 24), "float32"), B: T.Buffer((24, 48), "f
     for sk_block in T.thread_binding(4, thread="blockIdx.x"):
         sk_lo: T.let[T.int32] = sk_block * 18 // 4
         sk_hi: T.let[T.int32] = (sk_block + 1) * 18 // 4
-        for sk_segment in range(T.Select(sk_lo < sk_hi, (sk_hi + 2) // 3 - sk_lo // 3, 0)):
+        for sk_segment in range((sk_hi + 2) // 3 - sk_lo // 3):
             sk_tile: T.let[T.int32] = sk_lo // 3 + sk_segment
             sk_k_begin: T.let[T.int32] = T.max(sk_lo - sk_tile * 3, 0)
             sk_k_end: T.let[T.int32] = T.min(sk_hi - sk_tile * 3, 3)

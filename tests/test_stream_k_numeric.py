@@ -141,3 +141,36 @@ def test_policies_with_atomic_fixup(kwargs):
         assert plan.policy == kwargs["policy"]
     out, ref = _run(func, sch)
     assert workloads.relative_error(out, ref) <= FP32_TOL
+
+
+def test_split_k_not_dividing_the_panels_on_a_long_k():
+    # 3 splits of 256 panels: every block's range lies in one tile. Barriers sit in the segment
+    # loop, whose bound must not be a Select here (PoCL crashed on that form).
+    func = workloads.gemm(64, 64, 2048)
+    sch = workloads.reference_schedule(func)
+    plan = tvm_streamk.stream_k(
+        sch, "C_update", num_sms=2, policy="split_k", splits=3, fixup="atomic", target=OPENCL
+    )
+    assert plan.panels % plan.splits != 0
+    out, ref = _run(func, sch)
+    assert workloads.relative_error(out, ref) <= FP32_TOL
+
+
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+def test_hybrid_with_blocks_that_get_no_stream_k_work(fixup):
+    # 5 tiles of one panel on 4 SMs: one left-over tile, one iteration, so three of the four
+    # blocks have an empty Stream-K range and go straight to their data-parallel tile.
+    func = workloads.gemm(160, 32, 8)
+    sch = workloads.reference_schedule(func)
+    plan = tvm_streamk.stream_k(
+        sch,
+        "C_update",
+        num_sms=4,
+        policy="hybrid",
+        variant="one_tile",
+        fixup=fixup,
+        target=OPENCL,
+    )
+    assert sum(lo >= hi for lo, hi in (plan.block_range(b, 0) for b in range(plan.grid))) == 3
+    out, ref = _run(func, sch)
+    assert workloads.relative_error(out, ref) <= FP32_TOL

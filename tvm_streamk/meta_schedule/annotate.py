@@ -21,6 +21,7 @@ from .. import decomposition
 from .._compat import Schedule
 from ..analysis import StreamKSite, analyze, blocks_under
 from ..errors import StreamKError
+from ..transform.fixup_workspace import COND_FRAGMENT_SPLIT
 from ..transform.lower_stream_k import check_fixup, plan_for
 
 # Names of the policies a knob may take, each standing for one (policy, hybrid variant) pair of
@@ -121,7 +122,7 @@ def annotate_stream_k(
     sch: Schedule,
     block,
     *,
-    num_sms: int,
+    num_sms: int | str,
     policy="stream_k",
     blocks_per_sm=1,
     splits=1,
@@ -150,8 +151,9 @@ def annotate_stream_k(
         The schedule.
     block : SBlockRV or str
         The reduction block, under its ``blockIdx`` band.
-    num_sms : int
+    num_sms : int or "device"
         Streaming multiprocessors (or compute units) of the device: a fact, never sampled.
+        ``"device"`` reads the count at run time (stream_k with the atomic fix-up only).
     policy : str, int or ExprRV
         A name of :data:`POLICY_CHOICES`, or a policy code.
     blocks_per_sm, splits, group : int or ExprRV
@@ -202,6 +204,7 @@ def annotate_stream_k(
         )
     policy = policy_code(policy) if isinstance(policy, str) else policy
     fixup = fixup_code(fixup) if isinstance(fixup, str) else fixup
+    num_sms = ann.DEVICE_SMS if num_sms == "device" else num_sms
     knobs = {
         ann.KEY_POLICY: policy,
         ann.KEY_NUM_SMS: num_sms,
@@ -220,36 +223,58 @@ def annotate_stream_k(
 def check_decision(site: StreamKSite, annotations, target) -> decomposition.Plan:
     """The plan a decision recorded as ``annotations`` stands for on ``site``, or raise.
 
+    Checks what the lowering checks before it rewrites: known codes, a fix-up the site and
+    target can use, a plan in its domain, an aligned split for a tensor-core fragment
+    accumulator, and the restrictions of ``num_sms`` read at run time (``DEVICE_SMS``).
+
     Raises
     ------
     StreamKError
-        When a code is unknown, the fix-up cannot be used here, or the plan is out of its domain
-        (``splits`` above the panel count after a tile-size mutation, say).
+        When the decision cannot be lowered for this site (``splits`` above the panel count
+        after a tile-size mutation, say).
     """
     where = site.block.name_hint
     try:
         decision = ann.decode(annotations, where)
     except ValueError as err:
         raise StreamKError(
-            "decision", str(err), "Record codes of tvm_streamk.annotations."
+            "decision", str(err), "Record the codes of tvm_streamk.annotations."
         ) from None
-    if decision.num_sms < 1:
+    if decision.num_sms < 0 or decision.group < 0:
         raise StreamKError(
-            "num-sms", f"num_sms={decision.num_sms} on block {where!r}", "Record a positive count."
-        )
-    if decision.group < 0:
-        raise StreamKError(
-            "group", f"group={decision.group} on block {where!r}", "Record 0 or a positive int."
+            "decision",
+            f"num_sms={decision.num_sms}, group={decision.group} on block {where!r}",
+            "Record a positive SM count (or DEVICE_SMS) and a group >= 0.",
         )
     check_fixup(site, decision.fixup, target)
     try:
-        return plan_for(site, decision)
+        plan = plan_for(site, decision)
     except ValueError as err:
         raise StreamKError(
             "decomposition",
             f"{err} (block {where!r}: {site.tiles} tiles of {site.panels} panels)",
             "Sample knobs valid for the tiling.",
         ) from None
+    aligned = plan.policy == "data_parallel" or (
+        plan.policy == "split_k" and site.panels % plan.splits == 0
+    )
+    if site.fragment_accumulator and not aligned:
+        raise StreamKError(
+            COND_FRAGMENT_SPLIT,
+            f"a {plan.policy} decision for the tensor-core fragment accumulator of {where!r} "
+            f"({site.panels} panels, splits={plan.splits})",
+            "Fragments take only split_k with a split dividing the panel count.",
+        )
+    if decision.num_sms == ann.DEVICE_SMS and (
+        plan.policy != "stream_k" or decision.fixup != "atomic" or site.fragment_accumulator
+    ):
+        raise StreamKError(
+            "num-sms",
+            f"num_sms read at run time with a {plan.policy} decision and the {decision.fixup} "
+            f"fix-up on block {where!r}",
+            "Only stream_k with the atomic fix-up takes its grid from the device.",
+        )
+    return plan
 
 
 def without_stream_k(mod: tvm.IRModule) -> tvm.IRModule:

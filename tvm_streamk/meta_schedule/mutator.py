@@ -21,8 +21,11 @@ def stream_k_decisions(trace: Trace) -> list:
 
     Examples
     --------
-    >>> [inst.attrs[0] for inst in stream_k_decisions(sch.trace)]  # candidate lists
-    [[2, 4, 3, 1], [1, 2], [2, 3, 4, 8]]
+    For a design-space candidate of :class:`StreamKRule` with the default knobs (policy, blocks
+    per SM, splits, fix-up; the group knob has one value):
+
+    >>> [len(inst.attrs[0]) for inst in stream_k_decisions(sch.trace)]
+    [4, 2, 4, 2]
     """
     samplers = {}
     found = []

@@ -12,7 +12,6 @@ from .. import gpus
 from .._compat import Schedule, meta_schedule
 from ..errors import StreamKError
 from .annotate import (
-    POLICY_CHOICES,
     annotate_stream_k,
     applicable_fixups,
     fixup_code,
@@ -131,6 +130,11 @@ class StreamKRule(meta_schedule.schedule_rule.PyScheduleRule):
             fixups = tuple(f for f in fixups if f in self.knobs.fixups)
         splits = [s for s in self.knobs.splits if s <= site.panels]
         policies = [p for p in self.knobs.policies if p != "split_k" or splits]
+        if site.fragment_accumulator:
+            # Tensor-core fragments have no addressable elements: only splits of whole,
+            # equal panel ranges can be merged (see tvm_streamk.stream_k).
+            splits = [s for s in splits if site.panels % s == 0]
+            policies = ["split_k"] if splits and "split_k" in self.knobs.policies else []
         if not fixups or not policies:
             return [sch]
 
@@ -157,6 +161,3 @@ class StreamKRule(meta_schedule.schedule_rule.PyScheduleRule):
         rule.target = self.target
         rule._resolved_sms = self._resolved_sms
         return rule
-
-
-__all__ = ["POLICY_CHOICES", "StreamKKnobs", "StreamKRule"]

@@ -16,9 +16,9 @@ from .rule import StreamKKnobs, StreamKRule
 
 ms = meta_schedule
 
-# The stock GPU rule, postproc and mutator lists; they read thread and shared-memory limits from
-# the target, so they serve OpenCL targets too.
-STOCK_KIND = "cuda"
+# The stock GPU rule, postproc and mutator lists ("cuda"; "cuda-tensorcore" adds tensor-core
+# tiling). They read thread and shared-memory limits from the target, so they serve OpenCL too.
+KINDS = ("cuda", "cuda-tensorcore")
 # Share of the evolutionary search's mutations spent on Stream-K knobs; the stock CUDA
 # mutators' probabilities add up to 1 and MetaSchedule renormalises.
 MUTATE_STREAM_K_PROB = 0.1
@@ -57,15 +57,26 @@ def _num_sms(num_sms: int | None, target, resolved: tvm.target.Target) -> int | 
     return None
 
 
-def schedule_rules(num_sms: int | None = None, knobs: StreamKKnobs | None = None) -> list:
-    """TVM's GPU schedule rules with :class:`StreamKRule` right after ``MultiLevelTiling``.
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}; found {kind!r}")
+    if kind == "cuda-tensorcore":
+        # Registers the tensor intrinsics the tensor-core rules name.
+        import tvm.s_tir.tensor_intrin  # noqa: F401
+
+
+def schedule_rules(
+    num_sms: int | None = None, knobs: StreamKKnobs | None = None, kind: str = "cuda"
+) -> list:
+    """TVM's GPU schedule rules with :class:`StreamKRule` right after the tiling rules.
 
     Examples
     --------
     >>> [type(r).__name__ for r in schedule_rules(num_sms=132)][:3]
     ['ApplyCustomRule', 'MultiLevelTiling', 'StreamKRule']
     """
-    rules = list(ms.ScheduleRule.create(STOCK_KIND))
+    _check_kind(kind)
+    rules = list(ms.ScheduleRule.create(kind))
     tiling = [i for i, r in enumerate(rules) if type(r).__name__.startswith("MultiLevelTiling")]
     if not tiling:
         raise RuntimeError("TVM's GPU schedule rules hold no MultiLevelTiling rule")
@@ -73,27 +84,38 @@ def schedule_rules(num_sms: int | None = None, knobs: StreamKKnobs | None = None
     return rules
 
 
-def postprocs() -> list:
+def postprocs(kind: str = "cuda") -> list:
     """TVM's GPU postprocs, then :class:`~tvm_streamk.postproc.RewriteStreamKInit` and
     :class:`~tvm_streamk.postproc.VerifyStreamK`, which must see the final kernel."""
+    _check_kind(kind)
     return [
-        *ms.Postproc.create(STOCK_KIND),
+        *ms.Postproc.create(kind),
         sk_postproc.RewriteStreamKInit(),
         sk_postproc.VerifyStreamK(),
     ]
 
 
-def mutator_probs() -> dict:
+def mutator_probs(kind: str = "cuda") -> dict:
     """TVM's GPU mutators and :class:`MutateStreamK`, with their probabilities."""
-    return {**ms.Mutator.create(STOCK_KIND), MutateStreamK(): MUTATE_STREAM_K_PROB}
+    _check_kind(kind)
+    return {**ms.Mutator.create(kind), MutateStreamK(): MUTATE_STREAM_K_PROB}
 
 
-def space(num_sms: int | None = None, knobs: StreamKKnobs | None = None):
-    """The design space generator: post-order application of :func:`schedule_rules`."""
+def space(num_sms: int | None = None, knobs: StreamKKnobs | None = None, kind: str = "cuda"):
+    """The design space generator: post-order application of :func:`schedule_rules`.
+
+    Parameters
+    ----------
+    num_sms, knobs
+        As for :class:`StreamKRule`.
+    kind : str
+        Which stock lists to extend: ``"cuda"`` or ``"cuda-tensorcore"`` (fp16 tensor-core
+        tiling, whose fragment accumulators take only aligned split-K decisions).
+    """
     return ms.space_generator.PostOrderApply(
-        sch_rules=schedule_rules(num_sms, knobs),
-        postprocs=postprocs(),
-        mutator_probs=mutator_probs(),
+        sch_rules=schedule_rules(num_sms, knobs, kind),
+        postprocs=postprocs(kind),
+        mutator_probs=mutator_probs(kind),
     )
 
 
@@ -106,6 +128,7 @@ def tune(
     runner=None,
     num_sms: int | None = None,
     knobs: StreamKKnobs | None = None,
+    kind: str = "cuda",
     builder=None,
     cost_model=None,
     strategy="evolutionary",
@@ -140,6 +163,8 @@ def tune(
         to what the target's arch determines (:func:`tvm_streamk.gpus.resolve_num_sms`).
     knobs : StreamKKnobs, optional
         What the Stream-K knobs are sampled from.
+    kind : str
+        ``"cuda"`` or ``"cuda-tensorcore"``: the stock rule lists to extend (see :func:`space`).
     builder : ms.Builder, optional
         Defaults to :func:`stream_k_builder`.
     cost_model : ms.CostModel, optional
@@ -185,7 +210,7 @@ def tune(
         builder=builder or stream_k_builder(),
         runner=runner,
         cost_model=cost_model,
-        space=space(num_sms, knobs),
+        space=space(num_sms, knobs, kind),
         strategy=strategy,
         num_tuning_cores=num_tuning_cores,
         seed=seed,
@@ -201,8 +226,14 @@ def best_schedule(database: ms.Database, mod, target) -> Schedule | None:
     return ms.tir_integration.compile_tir(database, mod, as_target(target))
 
 
-def compile_tuned(database: ms.Database, mod, target) -> tvm.runtime.Module:
+def compile_tuned(database: ms.Database, mod, target) -> tvm.runtime.Executable:
     """Build the best record of ``mod`` in ``database`` with the ``tvm_streamk`` pipeline.
+
+    Returns
+    -------
+    tvm.runtime.Executable
+        What ``tvm.compile`` returns; for OpenCL, run the schedule on PoCL instead
+        (:func:`best_schedule` and :func:`tvm_streamk.pocl.run`), which TVM's runtime cannot.
 
     Raises
     ------

@@ -138,14 +138,24 @@ def whole(buffer: tirx.Buffer):
     )
 
 
-def bound_loop(loop_var: tirx.Var, extent, body, tag: str = "blockIdx.x") -> tirx.For:
+def bound_loop(
+    loop_var: tirx.Var, extent, body, tag: str = "blockIdx.x", annotations=None
+) -> tirx.For:
     """``for loop_var in T.thread_binding(extent, tag)``."""
     dtype = dtype_of(loop_var)
     if isinstance(extent, int):
         extent = int_imm(extent, dtype)
     # As the TVMScript parser builds it: the binding's variable is the thread tag, not the loop's.
     binding = tirx.IterVar(None, var(tag, dtype), tirx.IterVar.ThreadIndex, tag)
-    return tirx.For(loop_var, int_imm(0, dtype), extent, tirx.ForKind.THREAD_BINDING, body, binding)
+    return tirx.For(
+        loop_var,
+        int_imm(0, dtype),
+        extent,
+        tirx.ForKind.THREAD_BINDING,
+        body,
+        binding,
+        annotations,
+    )
 
 
 def over_units(
@@ -169,20 +179,25 @@ def over_units(
     units = plan.units(TIR_OPS, grid)
     dtype = dtype_of(b)
 
-    def unit(u, analyzer=None) -> tirx.Stmt:
+    def unit(u, may_be_empty: bool, analyzer=None) -> tirx.Stmt:
         lo, hi = var("sk_lo", dtype), var("sk_hi", dtype)
         lo_e, hi_e = plan.block_range(b, u, TIR_OPS, grid)
         if analyzer is not None:
             lo_e, hi_e = analyzer.simplify(lo_e), analyzer.simplify(hi_e)
-        return seq([tirx.Bind(lo, lo_e), tirx.Bind(hi, hi_e), make_body(lo, hi)])
+        return seq([tirx.Bind(lo, lo_e), tirx.Bind(hi, hi_e), make_body(lo, hi, may_be_empty)])
 
-    first = unit(0)
+    # Only a hybrid's Stream-K unit can be empty (more blocks than its iterations), and only a
+    # run-time grid leaves that unknown; data-parallel units always hold a whole tile.
+    first_may_be_empty = grid is not None or any(
+        lo >= hi for lo, hi in (plan.block_range(blk, 0) for blk in range(plan.grid))
+    )
+    first = unit(0, first_may_be_empty)
     if isinstance(units, int) and units == 1:
         return first
     u = var("sk_unit", dtype)
     analyzer = arith.Analyzer()
     analyzer.bind(u, tvm.ir.Range.from_min_extent(0, units - 1))
-    rest = fresh_definitions(unit(u + 1, analyzer), scratch, new_buffers)
+    rest = fresh_definitions(unit(u + 1, False, analyzer), scratch, new_buffers)
     return seq([first, tirx.For(u, int_imm(0, dtype), units - 1, tirx.ForKind.SERIAL, rest)])
 
 

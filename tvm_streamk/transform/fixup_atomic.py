@@ -155,7 +155,7 @@ class AtomicFixup:
         dtype = site.index_dtype
         tile, b = var("sk_zero_tile", dtype), var("sk_zero_block", dtype)
 
-        def zero_where_split(lo, hi) -> tirx.Stmt:
+        def zero_where_split(lo, hi, may_be_empty: bool) -> tirx.Stmt:
             starts_inside = tirx.And(lo < hi, tirx.floormod(lo, panels) != 0)
             body = seq(
                 [

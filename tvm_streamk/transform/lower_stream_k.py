@@ -189,7 +189,7 @@ def _persistent_nest(
     tile, k0, k1 = seg.tile, seg.k_begin, seg.k_end
     tile_body = _ranged(tile_body, site, seg, fixup, strip, k1 - k0)
 
-    def walk(lo, hi) -> tirx.Stmt:
+    def walk(lo, hi, may_be_empty: bool) -> tirx.Stmt:
         # The tiles a range touches are lo // P .. ceil(hi / P) - 1: one segment each. A counted
         # loop, not a while over a mutable cursor, keeps every index a pure function of loop
         # variables, which the region analyses of the rest of the pipeline need.
@@ -206,12 +206,15 @@ def _persistent_nest(
                 fixup.after_segment(seg),
             ]
         )
-        extent = tirx.Select(lo < hi, count, int_imm(0, dtype))
+        # The trip count holds a Select only where a range can be empty: barriers sit inside
+        # this loop, and some OpenCL compilers (PoCL) mishandle them under a selected bound.
+        extent = tirx.Select(lo < hi, count, int_imm(0, dtype)) if may_be_empty else count
         return tirx.For(seg.index, int_imm(0, dtype), extent, tirx.ForKind.SERIAL, segment)
 
     grid = int_imm(plan.grid, dtype) if device_grid is None else device_grid
     units = over_units(plan, seg.block, walk, scratch, copies, device_grid)
-    return bound_loop(seg.block, grid, units)
+    # Keep the schedule's own annotations of the tile band (unroll pragmas, for instance).
+    return bound_loop(seg.block, grid, units, annotations=site.band[0].annotations)
 
 
 def _ranged(tile_body, site: StreamKSite, seg: Segment, fixup, strip, extent) -> tirx.Stmt:
