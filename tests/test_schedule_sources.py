@@ -22,6 +22,8 @@ from tvm.s_tir import meta_schedule as ms
 import tvm_streamk
 from tvm_streamk import pocl, workloads
 
+from .helpers import block_idx_extents
+
 pytestmark = pytest.mark.skipif(not pocl.available(), reason="no PoCL device")
 
 FP32_TOL = 1e-5
@@ -41,24 +43,12 @@ def _update_block(sch: Schedule):
     return sch.get_sblock(found[0])
 
 
-def _block_idx_loops(mod: tvm.IRModule) -> list[tuple[str, int]]:
-    found = []
-
-    def on_for(loop):
-        binding = loop.thread_binding
-        if binding is not None and binding.thread_tag.startswith("blockIdx"):
-            found.append((binding.thread_tag, int(loop.extent)))
-
-    tvm_ffi.structural_walk(mod["main"].body, (tvm.tirx.For, on_for))
-    return found
-
-
 def _assert_stream_k_structure(sch: Schedule, plan: tvm_streamk.Plan, target) -> None:
     lowered = tvm_streamk.lower(sch, target)
     # Every blockIdx loop is now the persistent grid: a zero prologue (when tiles are split) and
     # the Stream-K kernel. The original tile band (often blockIdx.y x blockIdx.x) is gone.
     kernels = 2 if plan.split_tiles else 1
-    assert _block_idx_loops(lowered) == [("blockIdx.x", plan.grid)] * kernels
+    assert block_idx_extents(lowered) == [("blockIdx.x", plan.grid)] * kernels
     assert plan.grid < plan.tiles * plan.panels
     # The update block survives inside the persistent loop, under its new panel range.
     assert sch.get(_update_block(sch)).name_hint in lowered.script()

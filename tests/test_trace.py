@@ -7,11 +7,12 @@ exactly the kernel the original schedule lowers to, without re-running the cost 
 
 import pytest
 import tvm
-import tvm_ffi
 from tvm.s_tir import Schedule, Trace
 
 import tvm_streamk
 from tvm_streamk import annotations, cost_model, workloads
+
+from .helpers import block_idx_extents
 
 OPENCL = tvm.target.Target({"kind": "opencl"})
 # 3 x 2 tiles of 32 x 32, 5 K-panels of 8: 30 iterations, uneven over 4 blocks.
@@ -45,18 +46,6 @@ def _lowered(sch: Schedule) -> tvm.IRModule:
     return tvm_streamk.lower(sch, OPENCL)
 
 
-def _block_idx_extents(mod: tvm.IRModule) -> list[tuple[str, int]]:
-    found = []
-
-    def on_for(loop):
-        binding = loop.thread_binding
-        if binding is not None and binding.thread_tag.startswith("blockIdx"):
-            found.append((binding.thread_tag, int(loop.extent)))
-
-    tvm_ffi.structural_walk(mod["main"].body, (tvm.tirx.For, on_for))
-    return found
-
-
 def _recorded_annotation(key: str, value: int) -> str:
     return f'ann_key="{key}", ann_val={value}'
 
@@ -79,8 +68,8 @@ def test_replayed_trace_lowers_to_the_same_kernel(kwargs, replay):
     sch, plan = _scheduled(FUNC, **kwargs)
     expected = _lowered(sch)
     # The decision really changed the kernel: a persistent grid replaced the 3 x 2 tile band.
-    assert ("blockIdx.y", 3) not in _block_idx_extents(expected)
-    assert ("blockIdx.x", plan.grid) in _block_idx_extents(expected)
+    assert ("blockIdx.y", 3) not in block_idx_extents(expected)
+    assert ("blockIdx.x", plan.grid) in block_idx_extents(expected)
     tvm.ir.assert_structural_equal(_lowered(replay(sch, FUNC)), expected)
 
 
@@ -153,7 +142,7 @@ def test_block_with_init_records_the_decomposition(schedule_with_init):
     assert kinds.index("DecomposeReduction") < kinds.index("Annotate")
     assert "sch.decompose_reduction(" in str(sch.trace)
     expected = _lowered(sch)
-    assert ("blockIdx.x", plan.grid) in _block_idx_extents(expected)
+    assert ("blockIdx.x", plan.grid) in block_idx_extents(expected)
     for replay in REPLAYS.values():
         tvm.ir.assert_structural_equal(_lowered(replay(sch, FUNC)), expected)
     # Decomposing inside stream_k gives the kernel of decomposing first, by hand.

@@ -251,7 +251,7 @@ def _demo(args) -> int:
     )
     # The Stream-K kernel is named after its plan; a data_parallel plan still goes through the
     # tvm_streamk pipeline, which must leave it as it was.
-    label = _label(plan) if plan.policy != "data_parallel" else "data_parallel (tvm_streamk)"
+    label = plan.label if plan.policy != "data_parallel" else "data_parallel (tvm_streamk)"
     kernels = {}
     for name, sch, pipeline in (
         ("data-parallel", baseline, "default"),
@@ -296,18 +296,10 @@ def _demo(args) -> int:
         policy="heuristic",
         fixup=report.fixup,
     )
-    choice = f"the heuristic would choose {_label(heuristic)}: {heuristic.reason}"
+    choice = f"the heuristic would choose {heuristic.label}: {heuristic.reason}"
     print("\n" + textwrap.fill(choice, width=96, subsequent_indent="  ", break_on_hyphens=False))
     print("\nPASS" if passed else "\nFAIL: a kernel disagrees with float64 numpy")
     return 0 if passed else 1
-
-
-def _label(p: decomposition.Plan) -> str:
-    if p.policy == "split_k":
-        return f"split_k(S={p.splits})"
-    if p.policy == "hybrid":
-        return f"hybrid({p.variant})"
-    return p.policy
 
 
 def _parse_target(text: str):
@@ -358,7 +350,7 @@ def _source(args) -> int:
         raise _UsageError(f"target {args.target!r} produced no device module to print")
     print(
         f"// tvm-streamk: C = A @ B, {m}x{n}x{k} {args.dtype}, {args.bm}x{args.bn} tiles, "
-        f"K-panels of {args.bk}\n// {_label(plan)}: {plan.tiles} tiles x {plan.panels} panels "
+        f"K-panels of {args.bk}\n// {plan.label}: {plan.tiles} tiles x {plan.panels} panels "
         f"on grid {plan.grid} ({num_sms} SMs), {fixup} fixup, target {target.kind.name} "
         f"{target.attrs.get('arch', '')}".rstrip()
     )

@@ -383,14 +383,6 @@ def calibrate(
     return best[1]
 
 
-def _label(p: Plan) -> str:
-    if p.policy == "split_k":
-        return f"split_k(S={p.splits})"
-    if p.policy == "hybrid":
-        return f"hybrid({p.variant})"
-    return p.policy
-
-
 def candidates(tiles: int, panels: int, num_sms: int, blocks_per_sm: int = 1) -> list[Plan]:
     """The plans :func:`choose` compares, most data-parallel first.
 
@@ -495,12 +487,12 @@ def choose(
             else "segment and fixup costs outweigh the quantisation loss"
         )
         reason = (
-            f"data_parallel predicted {t_dp:.0f} units vs best alternative {_label(alt)} "
+            f"data_parallel predicted {t_dp:.0f} units vs best alternative {alt.label} "
             f"{t_alt:.0f} ({why}; {quant})"
         )
     else:
         reason = (
-            f"{_label(pick)} on grid {pick.grid} predicted {t_pick:.0f} units vs data_parallel "
+            f"{pick.label} on grid {pick.grid} predicted {t_pick:.0f} units vs data_parallel "
             f"{t_dp:.0f} ({t_dp / t_pick:.2f}x): {quant}"
         )
     return dataclasses.replace(pick, reason=reason)

@@ -226,6 +226,15 @@ class Plan:
         _check_plan(self)
 
     @property
+    def label(self) -> str:
+        """A short name of the decomposition: ``split_k(S=3)``, ``hybrid(one_tile)``, ..."""
+        if self.policy == "split_k":
+            return f"split_k(S={self.splits})"
+        if self.policy == "hybrid":
+            return f"hybrid({self.variant})"
+        return self.policy
+
+    @property
     def iterations(self) -> int:
         """``TOTAL = tiles * panels``, the flattened iteration count."""
         return self.tiles * self.panels

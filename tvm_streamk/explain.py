@@ -308,14 +308,6 @@ def _slots(p: Plan) -> int | None:
     return None if p.num_sms is None else p.num_sms * p.blocks_per_sm
 
 
-def _label(p: Plan) -> str:
-    if p.policy == "split_k":
-        return f"split_k(S={p.splits})"
-    if p.policy == "hybrid":
-        return f"hybrid({p.variant})"
-    return p.policy
-
-
 def workspace_slots(p: Plan) -> int:
     """Partial-tile slots the workspace fix-up allocates for ``p`` (0 when no tile is split).
 
@@ -349,7 +341,7 @@ def _stats(p: Plan, fixup: str, tile_elems: int | None, acc_bytes: int, out_byte
     if slots is not None:
         predicted = cost_model.predicted_time(p, fixup=fixup)
     return PlanStats(
-        label=_label(p),
+        label=p.label,
         grid=p.grid,
         waves=None if slots is None else -(-p.grid // slots),
         iterations_per_block=(min(iterations), max(iterations)),

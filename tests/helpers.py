@@ -1,0 +1,17 @@
+"""Small IR inspections shared by the tests."""
+
+import tvm
+import tvm_ffi
+
+
+def block_idx_extents(mod: tvm.IRModule, func: str = "main") -> list[tuple[str, int]]:
+    """``(thread tag, extent)`` of every ``blockIdx``-bound loop of ``mod[func]``, in order."""
+    found = []
+
+    def on_for(loop):
+        binding = loop.thread_binding
+        if binding is not None and binding.thread_tag.startswith("blockIdx"):
+            found.append((binding.thread_tag, int(loop.extent)))
+
+    tvm_ffi.structural_walk(mod[func].body, (tvm.tirx.For, on_for))
+    return found
