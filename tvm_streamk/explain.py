@@ -443,10 +443,28 @@ def _from_kernel(obj, *, tile_shape, fixup, block, num_sms, accumulator_bytes, o
             "drop num_sms= for a kernel with a fixed SM count"
         )
     # The decision records a concrete policy, so the plan rebuilt from it has no reason of its
-    # own; say where it came from instead.
-    p = dataclasses.replace(
-        plan_for(site, decision), reason="recorded on the block by tvm_streamk.stream_k"
-    )
+    # own. When the cost model picks the same plan today, its reasoning is the likely origin.
+    p = plan_for(site, decision)
+    reason = "recorded on the block by tvm_streamk.stream_k"
+    try:
+        model = decomposition.plan(
+            p.tiles,
+            p.panels,
+            decision.num_sms,
+            decision.blocks_per_sm,
+            "heuristic",
+            fixup=decision.fixup,
+        )
+    except ValueError:
+        model = None
+    if model is not None and (model.policy, model.grid, model.splits, model.variant) == (
+        p.policy,
+        p.grid,
+        p.splits,
+        p.variant,
+    ):
+        reason = f"{reason}; the cost model agrees: {model.reason}"
+    p = dataclasses.replace(p, reason=reason)
     output = site.writebacks[0].output
     return _explanation(
         p,
