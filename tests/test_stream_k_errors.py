@@ -115,3 +115,30 @@ def test_asks_for_num_sms_when_the_gpu_is_unknown():
     with pytest.raises(StreamKError) as info:
         tvm_streamk.stream_k(sch, "C_update", target=OPENCL)
     assert "num_sms" in str(info.value)
+
+
+def test_a_refused_call_leaves_the_schedule_unchanged():
+    # A tiled kernel whose reduction still has T.init: an accepted call decomposes it first.
+    sch = tvm.s_tir.Schedule(workloads.gemm(64, 64, 64, epilogue="bias_relu", out_dtype="float16"))
+    blk = sch.get_sblock("C")
+    i, j, k = sch.get_loops(blk)
+    bi, ti = sch.split(i, [None, 8])
+    bj, tj = sch.split(j, [None, 8])
+    ko, ki = sch.split(k, [None, 8])
+    sch.reorder(bi, bj, ti, tj, ko, ki)
+    sch.bind(bi, "blockIdx.y")
+    sch.bind(bj, "blockIdx.x")
+    sch.bind(ti, "threadIdx.y")
+    sch.bind(tj, "threadIdx.x")
+    sch.set_scope(blk, 0, "local")
+    sch.reverse_compute_at(sch.get_sblock("D"), tj)
+    assert sch.get(blk).init is not None
+    before, steps = sch.mod, len(sch.trace.insts)
+    with pytest.raises(StreamKError) as info:
+        tvm_streamk.stream_k(sch, blk, num_sms=4, fixup="atomic", target=OPENCL)
+    assert info.value.condition == analysis.COND_EPILOGUE
+    tvm.ir.assert_structural_equal(sch.mod, before)
+    assert len(sch.trace.insts) == steps
+    # The same kernel is accepted with the workspace fix-up, and then decomposed.
+    tvm_streamk.stream_k(sch, blk, num_sms=4, target=OPENCL)
+    assert sch.get(blk).init is None

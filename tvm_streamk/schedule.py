@@ -130,7 +130,8 @@ def stream_k(
 
     After, the block carries the decision; ``tvm_streamk.lower(mod, target)`` shows the persistent
     kernel: a ``blockIdx.x`` loop of 4 blocks, each walking its share of the 30 (tile, panel)
-    iterations in a ``while`` loop, plus a prologue kernel zeroing the split tiles.
+    iterations one tile segment at a time, plus a prologue kernel zeroing the split tiles (see
+    ``tests/test_lower_structural.py`` for a complete expected IR).
     """
     block_rv = sch.get_sblock(block) if isinstance(block, str) else block
     if fixup not in FIXUPS:
@@ -141,11 +142,11 @@ def stream_k(
             "deterministic=True with fixup='atomic'",
             "Atomic merges depend on arrival order; use fixup='workspace' or 'auto'.",
         )
+    if group is not None and (not isinstance(group, int) or group < 1):
+        raise StreamKError("group", f"group={group!r}", "Pass a positive int, or None.")
     target = _resolve_target(target)
+    # Everything is checked before the schedule changes: a refused call leaves it as it was.
     site = _analyze(sch, block_rv)
-    if site.has_init:
-        sch.decompose_reduction(block_rv, _panel_loop_rv(sch, block_rv, site))
-        site = _analyze(sch, block_rv)
     if fixup == "auto":
         fixup = "workspace" if deterministic else _auto_fixup(site, target)
     if num_sms == "device" and fixup != "atomic":
@@ -180,8 +181,9 @@ def stream_k(
             )
     except ValueError as err:
         raise StreamKError("decomposition", str(err), "Fix the policy arguments.") from None
-    if group is not None and (not isinstance(group, int) or group < 1):
-        raise StreamKError("group", f"group={group!r}", "Pass a positive int, or None.")
+    if site.has_init:
+        # The persistent kernel re-initialises the accumulator per segment, before its panels.
+        sch.decompose_reduction(block_rv, _panel_loop_rv(sch, block_rv, site))
     decision = ann.Decision(
         policy=chosen.policy,
         variant=chosen.variant if chosen.policy == "hybrid" else None,
