@@ -32,6 +32,11 @@ class TirOps:
         # an index defeats the region analyses, which bound it by both branches.
         if isinstance(cond, bool):
             return a if cond else b
+        # A Python int branch takes the other branch's type (int64 indices from dlight).
+        if isinstance(a, int) and not isinstance(b, int):
+            a = tirx.const(a, dtype_of(b))
+        if isinstance(b, int) and not isinstance(a, int):
+            b = tirx.const(b, dtype_of(a))
         return tirx.Select(cond, a, b)
 
     @staticmethod

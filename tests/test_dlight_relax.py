@@ -1,0 +1,105 @@
+"""Whole models: the StreamKMatmul dlight rule and the Stream-K Relax pipeline."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import tvm_streamk
+from tvm_streamk import annotations as ann
+from tvm_streamk import pocl, workloads
+from tvm_streamk._compat import dlight
+from tvm_streamk.analysis import blocks_under
+from tvm_streamk.dlight import StreamKMatmul
+from tvm_streamk.relax_pipeline import relax_pipeline
+
+H100 = tvm.target.Target("nvidia/nvidia-h100")
+A100 = tvm.target.Target("nvidia/nvidia-a100")
+
+
+def _mlp(M: int, K: int, N: int, epilogue: bool) -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((M, K), "float32"))
+    w = relax.Var("w", relax.TensorType((K, N), "float32"))
+    b = relax.Var("b", relax.TensorType((N,), "float32"))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.matmul(x, w))
+            if epilogue:
+                h = bb.emit(relax.op.nn.relu(relax.op.add(h, b)))
+            out = bb.emit_output(h)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _cuda_source(executable) -> str:
+    def modules(m):
+        for imported in m.imports:
+            yield imported
+            yield from modules(imported)
+
+    (cuda,) = [m for m in modules(executable.mod) if m.kind == "cuda"]
+    return cuda.inspect_source()
+
+
+def _decisions(mod: tvm.IRModule) -> list[ann.Decision]:
+    found = []
+    for func in mod.functions.values():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            for block in blocks_under(func.body):
+                if ann.has_decision(block.annotations):
+                    found.append(ann.decode(block.annotations, block.name_hint))
+    return found
+
+
+def test_model_with_fused_epilogue_compiles_with_stream_k():
+    # 133 x 4 tiles of dlight's 32 x 64 on 132 SMs: quantisation-bound; bias + ReLU fused.
+    pipeline = relax_pipeline(H100)
+    lib = tvm.compile(
+        _mlp(133 * 32, 512, 4 * 64, epilogue=True),
+        target=H100,
+        relax_pipeline=pipeline,
+        tir_pipeline="tvm_streamk",
+    )
+    assert pipeline.rule.skipped == {}
+    source = _cuda_source(lib)
+    # The epilogue needs the workspace fix-up: slots, arrival counters, fences.
+    assert "sk_workspace" in source and "sk_arrivals" in source and "__threadfence" in source
+
+
+def test_rule_keeps_data_parallel_when_tiles_fill_whole_waves():
+    mod = relax.transform.LegalizeOps()(_mlp(132 * 32, 512, 64, epilogue=False))
+    with H100:
+        mod = dlight.ApplyDefaultSchedule(StreamKMatmul(), dlight.gpu.Fallback())(mod)
+    (decision,) = _decisions(mod)
+    assert decision.policy == "data_parallel" and decision.num_sms == 132
+
+
+@pytest.mark.skipif(not pocl.available(), reason="no PoCL device")
+def test_rule_output_is_correct_on_pocl():
+    # 3 x 2 tiles of 32 x 64 on 4 SMs with 64 K-panels: two waves, the last half empty.
+    mod = relax.transform.LegalizeOps()(_mlp(96, 1024, 128, epilogue=False))
+    rule = StreamKMatmul(num_sms=4)
+    with A100:
+        mod = dlight.ApplyDefaultSchedule(rule, dlight.gpu.Fallback())(mod)
+    (decision,) = _decisions(mod)
+    assert decision.policy != "data_parallel", rule.skipped
+    (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    args = workloads.random_args(func)
+    out = pocl.run(func, *args, pipeline="tvm_streamk")[-1]
+    ref = args[0].astype(np.float64) @ args[1].astype(np.float64)
+    assert workloads.relative_error(out, ref) <= 1e-5
+
+
+def test_unknown_gpu_asks_for_num_sms():
+    mod = relax.transform.LegalizeOps()(_mlp(160, 512, 192, epilogue=False))
+    unknown = tvm.target.Target({"kind": "cuda", "arch": "sm_89", "max_num_threads": 1024})
+    # The rule runs behind TVM's FFI, which re-raises Python errors as RuntimeError.
+    with pytest.raises((tvm_streamk.StreamKError, RuntimeError)) as info, unknown:
+        dlight.ApplyDefaultSchedule(StreamKMatmul(), dlight.gpu.Fallback())(mod)
+    assert "[num-sms]" in str(info.value) and "StreamKMatmul(num_sms=" in str(info.value)
+
+
+def test_pipeline_refuses_non_cuda_targets():
+    with pytest.raises(ValueError, match="CUDA"):
+        relax_pipeline(tvm.target.Target({"kind": "opencl"}))
