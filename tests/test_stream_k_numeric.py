@@ -174,3 +174,33 @@ def test_hybrid_with_blocks_that_get_no_stream_k_work(fixup):
     assert sum(lo >= hi for lo, hi in (plan.block_range(b, 0) for b in range(plan.grid))) == 3
     out, ref = _run(func, sch)
     assert workloads.relative_error(out, ref) <= FP32_TOL
+
+
+def _gemv_schedule(N: int, K: int):
+    """A GEMV kernel: 32 output rows per block, one per thread, x staged per K panel of 64."""
+    func = workloads.gemv(N, K)
+    sch = tvm.s_tir.Schedule(func)
+    blk = sch.get_sblock("C")
+    i, k = sch.get_loops(blk)
+    bi, ti = sch.split(i, [None, 32])
+    ko, ki = sch.split(k, [None, 64])
+    sch.reorder(bi, ti, ko, ki)
+    sch.bind(bi, "blockIdx.x")
+    sch.bind(ti, "threadIdx.x")
+    sch.reverse_compute_at(sch.cache_write(blk, 0, "local"), ti)
+    x_shared = sch.cache_read(blk, 1, "shared")
+    sch.compute_at(x_shared, ko)
+    _, tx = sch.split(sch.get_loops(x_shared)[-1], [None, 32])
+    sch.bind(tx, "threadIdx.x")
+    sch.decompose_reduction(blk, ko)
+    return func, sch
+
+
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+def test_stream_k_gemv(fixup):
+    # 7 row tiles of 64 K-panels on 3 SMs: few tiles, long K, the case split reductions fix.
+    func, sch = _gemv_schedule(200, 4096)
+    plan = tvm_streamk.stream_k(sch, "C_update", num_sms=3, fixup=fixup, target=OPENCL)
+    assert (plan.tiles, plan.panels, plan.grid) == (7, 64, 3) and plan.split_tiles
+    out, ref = _run(func, sch)
+    assert workloads.relative_error(out, ref) <= FP32_TOL
