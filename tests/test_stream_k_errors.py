@@ -77,8 +77,11 @@ def test_refuses_a_symbolic_panel_count():
     assert "compile-time panel count" in str(err)
 
 
-def test_refuses_an_accumulator_in_global_memory():
-    sch = tvm.s_tir.Schedule(workloads.gemm(64, 64, 64))
+def _thread_tiled(sch):
+    """8x8-thread tiles of GEMM block "C" on a blockIdx band, K split in panels of 8; no staging.
+
+    Returns the block, the inner thread loop and the panel loop.
+    """
     blk = sch.get_sblock("C")
     i, j, k = sch.get_loops(blk)
     bi, ti = sch.split(i, [None, 8])
@@ -89,6 +92,12 @@ def test_refuses_an_accumulator_in_global_memory():
     sch.bind(bj, "blockIdx.x")
     sch.bind(ti, "threadIdx.y")
     sch.bind(tj, "threadIdx.x")
+    return blk, tj, ko
+
+
+def test_refuses_an_accumulator_in_global_memory():
+    sch = tvm.s_tir.Schedule(workloads.gemm(64, 64, 64))
+    blk, tj, ko = _thread_tiled(sch)
     sch.decompose_reduction(blk, ko)
     err = _expect(analysis.COND_ACCUMULATOR, sch)
     assert "'global'" in str(err)
@@ -120,16 +129,7 @@ def test_asks_for_num_sms_when_the_gpu_is_unknown():
 def test_a_refused_call_leaves_the_schedule_unchanged():
     # A tiled kernel whose reduction still has T.init: an accepted call decomposes it first.
     sch = tvm.s_tir.Schedule(workloads.gemm(64, 64, 64, epilogue="bias_relu", out_dtype="float16"))
-    blk = sch.get_sblock("C")
-    i, j, k = sch.get_loops(blk)
-    bi, ti = sch.split(i, [None, 8])
-    bj, tj = sch.split(j, [None, 8])
-    ko, ki = sch.split(k, [None, 8])
-    sch.reorder(bi, bj, ti, tj, ko, ki)
-    sch.bind(bi, "blockIdx.y")
-    sch.bind(bj, "blockIdx.x")
-    sch.bind(ti, "threadIdx.y")
-    sch.bind(tj, "threadIdx.x")
+    blk, tj, _ = _thread_tiled(sch)
     sch.set_scope(blk, 0, "local")
     sch.reverse_compute_at(sch.get_sblock("D"), tj)
     assert sch.get(blk).init is not None

@@ -15,7 +15,7 @@ from tvm.s_tir import dlight as dl
 
 import tvm_streamk
 from tvm_streamk import annotations as ann
-from tvm_streamk.analysis import analyze, blocks_under
+from tvm_streamk.analysis import analyze, first_site
 from tvm_streamk.errors import StreamKError
 
 
@@ -54,14 +54,9 @@ def _dlight_fp16_matmul(M, N, K, target):
 
 def _update_block(sch) -> str:
     """The tensorized reduction block, found by what it computes rather than by its name."""
-    func = next(iter(sch.mod.functions.values()))
-    for block in blocks_under(func.body):
-        try:
-            analyze(func, block.name_hint)
-        except StreamKError:
-            continue
-        return block.name_hint
-    raise AssertionError("no Stream-K-able block in the dlight schedule")
+    site = first_site(next(iter(sch.mod.functions.values())))
+    assert site is not None, "no Stream-K-able block in the dlight schedule"
+    return site.block.name_hint
 
 
 @pytest.fixture(params=sorted(TARGETS))
@@ -190,14 +185,9 @@ def _metaschedule_tensorcore_sample(seed: int):
         sch = space.copy()
         if not all(post.apply(sch) for post in ctx.space_generator.postprocs):
             continue
-        func = sch.mod["main"]
-        for block in blocks_under(func.body):
-            try:
-                site = analyze(func, block.name_hint)
-            except StreamKError:
-                continue
-            if site.fragment_accumulator:
-                return target, sch, site
+        site = first_site(sch.mod["main"])
+        if site is not None and site.fragment_accumulator:
+            return target, sch, site
     return None
 
 

@@ -380,6 +380,33 @@ def _staging(block: SBlock, acc: tirx.Buffer) -> tirx.Buffer:
     return outs[0]
 
 
+def analyze_in_module(mod, name: str) -> StreamKSite:
+    """:func:`analyze` block ``name`` in whichever PrimFunc of ``mod`` holds it."""
+    for func in mod.functions.values():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        try:
+            return analyze(func, name)
+        except StreamKError as err:
+            if err.condition == COND_BLOCK and "no block named" in err.found:
+                continue
+            raise
+    raise StreamKError(COND_BLOCK, f"block {name!r} in no function", "Pass a block of this module.")
+
+
+def first_site(func: tirx.PrimFunc) -> StreamKSite | None:
+    """The first block of ``func``, in program order, that Stream-K accepts (None if none does).
+
+    For schedules written by others (dlight, MetaSchedule), whose block names are theirs.
+    """
+    for block in blocks_under(func.body):
+        try:
+            return analyze(func, block.name_hint)
+        except StreamKError:
+            continue
+    return None
+
+
 def _tile_band(path, block, loops, reduce_vars) -> list[tirx.For]:
     band: list[tirx.For] = []
     for loop in loops:

@@ -7,7 +7,7 @@ import tvm
 from . import annotations as ann
 from . import cost_model, decomposition, gpus
 from ._compat import Schedule, target_tag
-from .analysis import StreamKSite, analyze
+from .analysis import StreamKSite, analyze_in_module
 from .errors import StreamKError
 from .transform.fixup_atomic import atomic_dtype_error
 from .transform.lower_stream_k import check_fixup
@@ -262,20 +262,7 @@ def _auto_fixup(site: StreamKSite, target) -> str:
 
 
 def _analyze(sch: Schedule, block_rv) -> StreamKSite:
-    block = sch.get(block_rv)
-    for func in sch.mod.functions.values():
-        if isinstance(func, tvm.tirx.PrimFunc):
-            try:
-                return analyze(func, block.name_hint)
-            except StreamKError as err:
-                if "no block named" in str(err):
-                    continue
-                raise
-    raise StreamKError(
-        "reduction-block",
-        f"block {block.name_hint!r} in no function",
-        "Pass a block of this schedule.",
-    )
+    return analyze_in_module(sch.mod, sch.get(block_rv).name_hint)
 
 
 def _panel_loop_rv(sch: Schedule, block_rv, site: StreamKSite):

@@ -16,7 +16,7 @@ import tvm
 from tvm import tirx
 
 from .._compat import Schedule, dlight, target_tag
-from ..analysis import analyze, blocks_under
+from ..analysis import first_site
 from ..errors import StreamKError
 from ..gpus import UnknownGPUError, resolve_num_sms
 from ..schedule import stream_k
@@ -90,12 +90,7 @@ class StreamKMatmul(dlight.gpu.Matmul):
 
 
 def _stream_k_block(sch: Schedule) -> str | None:
-    """The one block of the scheduled function that Stream-K accepts, by analysis not name."""
+    """The block of the scheduled function that Stream-K accepts, by analysis not name."""
     (func,) = [f for f in sch.mod.functions.values() if isinstance(f, tirx.PrimFunc)]
-    for block in blocks_under(func.body):
-        try:
-            analyze(func, block.name_hint)
-        except StreamKError:
-            continue
-        return block.name_hint
-    return None
+    site = first_site(func)
+    return None if site is None else site.block.name_hint

@@ -19,7 +19,7 @@ from tvm.s_tir.schedule import ExprRV
 from .. import annotations as ann
 from .. import decomposition
 from .._compat import Schedule
-from ..analysis import StreamKSite, analyze, blocks_under
+from ..analysis import StreamKSite, analyze_in_module, blocks_under
 from ..errors import StreamKError
 from ..transform.fixup_workspace import COND_FRAGMENT_SPLIT
 from ..transform.lower_stream_k import check_fixup, plan_for
@@ -70,19 +70,7 @@ def site_of(sch: Schedule, block) -> StreamKSite:
         Naming the first precondition of the Stream-K rewrite the kernel does not meet.
     """
     block_rv = sch.get_sblock(block) if isinstance(block, str) else block
-    name = sch.get(block_rv).name_hint
-    for func in sch.mod.functions.values():
-        if not isinstance(func, tirx.PrimFunc):
-            continue
-        try:
-            return analyze(func, name)
-        except StreamKError as err:
-            if err.condition == "reduction-block" and "no block named" in err.found:
-                continue
-            raise
-    raise StreamKError(
-        "reduction-block", f"block {name!r} in no function", "Pass a block of this schedule."
-    )
+    return analyze_in_module(sch.mod, sch.get(block_rv).name_hint)
 
 
 def applicable_fixups(site: StreamKSite, target: tvm.target.Target | None) -> tuple[str, ...]:
