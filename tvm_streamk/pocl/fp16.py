@@ -161,18 +161,15 @@ class _Legalizer:
             (p.Let, lambda e: p.Let(e.var, e.value, e.body)),
             (arithmetic, lambda e: type(e)(e.a, e.b)),
         ]
-        func = structural_map(
-            func,
-            [
-                (tvm.ir.Var, self._var),
-                (tvm.tirx.FloatImm, self._float_imm),
-                (tvm.ir.TensorLoad, self._load),
-                (tvm.tirx.BufferStore, self._store),
-                (p.Cast, self._cast),
-                (tvm.ir.Call, self._call),
-            ]
-            + [(types, self._retyped(rebuild)) for types, rebuild in rebuilt],
-        )
+        callbacks = [
+            (tvm.ir.Var, self._var),
+            (tvm.tirx.FloatImm, self._float_imm),
+            (tvm.ir.TensorLoad, self._load),
+            (tvm.tirx.BufferStore, self._store),
+            (p.Cast, self._cast),
+            (tvm.ir.Call, self._call),
+        ] + [(types, self._retyped(rebuild)) for types, rebuild in rebuilt]
+        func = structural_map(func, [(types, self._guarded(fn)) for types, fn in callbacks])
         if self.problem is None and _uses_fp16(func.body):
             self.problem = "a float16 expression"
         if self.problem is not None:
@@ -182,6 +179,19 @@ class _Legalizer:
                 "Keep float16 to buffer loads, stores, casts and arithmetic, or use float32.",
             )
         return func
+
+    def _guarded(self, callback):
+        """``callback`` that never raises: an exception crossing the FFI callback boundary can
+        corrupt the heap, so it is recorded as the kernel's problem and the node kept."""
+
+        def guarded(node):
+            try:
+                return callback(node)
+            except Exception as err:  # noqa: BLE001 - anything TVM's constructors raise
+                self._refuse(f"{type(node).__name__} `{node}` ({type(err).__name__}: {err})")
+                return node
+
+        return guarded
 
     def _refuse(self, construct: str) -> None:
         if self.problem is None:
@@ -196,11 +206,9 @@ class _Legalizer:
         ty = var.ty
         new = None
         if is_buffer_var(var) and _is_fp16(str(ty.dtype.dtype)):
-            if _lanes(str(ty.dtype.dtype)) != 1:
-                self._refuse(f"the vector-typed float16 buffer {var.name!r}")
-                return var
+            # A vector-typed buffer (float16x2 elements) holds ushort2 bit patterns.
             new_ty = BufferType(
-                PrimType("uint16"),
+                PrimType(_with_base(str(ty.dtype.dtype), "uint16")),
                 ty.storage_scope,
                 ty.shape,
                 ty.strides,
@@ -290,6 +298,20 @@ class _Legalizer:
         # A cast to float16 rounds: narrow to bits and widen back.
         return self._widen(self._narrow(value), _lanes(target))
 
+    def _buffer_data(self, call):
+        """``buffer.data`` of a rewritten buffer points to its ``ushort`` bit patterns."""
+        ty = call.ty
+        if not (isinstance(ty, PointerType) and _is_fp16(str(ty.element_type.dtype))):
+            return call
+        return tvm.ir.Call(
+            call.op,
+            list(call.args),
+            call.attrs,
+            list(call.ty_args),
+            call.span,
+            ret_ty=PointerType(PrimType("uint16"), ty.storage_scope),
+        )
+
     def _retyped(self, rebuild):
         def callback(e):
             return rebuild(e) if _is_fp16(dtype_of(e)) else e
@@ -298,6 +320,8 @@ class _Legalizer:
 
     def _call(self, call):
         name = op_name(call)
+        if name == "tirx.buffer_data":
+            return self._buffer_data(call)
         if name in ("tirx.address_of", "tirx.tvm_access_ptr") and any(
             isinstance(a, tvm.ir.Call) and self._is_widen(a) for a in call.args
         ):

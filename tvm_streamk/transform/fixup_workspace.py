@@ -165,8 +165,9 @@ class WorkspaceFixup:
         arrive_body = tirx.BufferStore(
             self.last, tirx.Cast("int32", old + covered == panels), [int_imm(0)]
         )
+        partial = tirx.Not(seg.full)
         threads = [lp for lp in self.loops if _tag(lp).startswith("threadIdx")]
-        leader = tirx.const(True, "bool")
+        leader = partial
         for loop in threads:
             leader = tirx.And(leader, loop.loop_var == 0)
         arrive = opaque_block(
@@ -238,24 +239,31 @@ class WorkspaceFixup:
             prune_to(self.tile_body, {self.writeback.name_hint}, finish), (tirx.For, scalar)
         )
         zero = [int_imm(0)]
+        # A full segment leaves the flag alone: it may hold the previous partial's arrival.
+        last = tirx.Select(partial, tirx.BufferLoad(self.last, zero), int_imm(0))
         read_last = opaque_block(
             "sk_read_last",
-            tirx.BufferStore(self.is_last, tirx.BufferLoad(self.last, zero), zero),
+            tirx.BufferStore(self.is_last, last, zero),
             reads=[whole(self.last)],
             writes=[whole(self.is_last)],
         )
-        fixup = seq(
+        is_last = tirx.BufferLoad(self.is_last, zero) != 0
+        # The barriers stand in unconditional code, run by every segment, and the conditions
+        # move into the work between them. Every thread walks the same segments, so a barrier
+        # under `if (partial)` would be uniform and legal OpenCL; PoCL 3.1 still miscompiles a
+        # barrier region under an `if` in a loop (it ignores guards inside it for some
+        # work-items), so the kernel does not rely on every compiler getting that right.
+        return seq(
             [
-                fence(self.target),
+                tirx.IfThenElse(partial, fence(self.target), None),
                 storage_sync(),
                 fresh_definitions(arrive),
                 storage_sync(),
                 read_last,
-                fence(self.target),
+                tirx.IfThenElse(is_last, fence(self.target), None),
                 fresh_definitions(finish_nest),
             ]
         )
-        return tirx.IfThenElse(tirx.Not(seg.full), fixup, None)
 
     def _load_partial(self, slot, index) -> tirx.Expr:
         load = tirx.BufferLoad(self.workspace, [slot, index])
