@@ -10,7 +10,7 @@ import tvm
 from tvm_streamk import cli, pocl
 from tvm_streamk import device as devices
 
-needs_pocl = pytest.mark.skipif(not pocl.available(), reason="no PoCL device")
+needs_pocl = pytest.mark.usefixtures("default_opencl")
 
 # 3 x 1 tiles of 32 x 32 with 8 K-panels on 2 SMs: tile 1 is split, so the fix-up runs.
 SMALL = ["--m", "96", "--n", "32", "--k", "64", "--num-sms", "2", "--repeat", "1"]

@@ -35,7 +35,7 @@ def test_host_reads_the_multiprocessor_count():
     assert "sk_grid" in params
 
 
-@pytest.mark.skipif(not pocl.available(), reason="no PoCL device")
+@pytest.mark.usefixtures("opencl")
 @pytest.mark.parametrize("units", [1, 3, 7])
 def test_one_build_fits_any_multiprocessor_count(units, monkeypatch):
     func, sch = _schedule()

@@ -75,7 +75,7 @@ def test_rule_keeps_data_parallel_when_tiles_fill_whole_waves():
     assert decision.policy == "data_parallel" and decision.num_sms == 132
 
 
-@pytest.mark.skipif(not pocl.available(), reason="no PoCL device")
+@pytest.mark.usefixtures("opencl")
 def test_rule_output_is_correct_on_pocl():
     # 3 x 2 tiles of 32 x 64 on 4 SMs with 64 K-panels: two waves, the last half empty.
     mod = relax.transform.LegalizeOps()(_mlp(96, 1024, 128, epilogue=False))

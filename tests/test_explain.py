@@ -54,7 +54,7 @@ def test_workspace_fixup_counts_two_slots_per_block_and_the_counters():
     assert (e.stats.workspace_bytes, e.stats.zeroed_bytes) == (0, 0)
 
 
-@pytest.mark.skipif(not pocl.available(), reason="no PoCL device")
+@pytest.mark.usefixtures("opencl")
 @pytest.mark.parametrize("fixup,out_dtype", [("workspace", "float16"), ("atomic", "float32")])
 def test_workspace_bytes_match_what_the_built_kernel_allocates(fixup, out_dtype):
     # With fp16 outputs the workspace (fp32 partials) and output element sizes differ; atomics

@@ -510,7 +510,7 @@ def _numerically_correct(func, sch) -> float:
     return workloads.relative_error(out, workloads.reference(func, args))
 
 
-@pytest.mark.skipif(not pocl.available(), reason="no PoCL device")
+@pytest.mark.usefixtures("default_opencl")
 def test_tune_on_pocl_and_compile_the_best_record(tmp_path):
     func = workloads.gemm(128, 128, 512)
     target = skms.opencl_target()

@@ -17,7 +17,7 @@ from tvm_streamk import pocl
 from tvm_streamk._compat import dlight
 from tvm_streamk.workloads import gemm, reference_schedule
 
-pytestmark = pytest.mark.skipif(not pocl.available(), reason="no PoCL CPU device")
+pytestmark = pytest.mark.usefixtures("opencl")
 
 # fp32 accumulation over K <= 128 of O(1) terms stays far below this; a wrong tile is O(1).
 GEMM_RTOL = 1e-5

@@ -24,7 +24,7 @@ from tvm_streamk import pocl, workloads
 
 from .helpers import block_idx_extents
 
-pytestmark = pytest.mark.skipif(not pocl.available(), reason="no PoCL device")
+pytestmark = pytest.mark.usefixtures("opencl")
 
 FP32_TOL = 1e-5
 

@@ -11,7 +11,7 @@ import tvm
 import tvm_streamk
 from tvm_streamk import pocl, workloads
 
-pytestmark = pytest.mark.skipif(not pocl.available(), reason="no PoCL device")
+pytestmark = pytest.mark.usefixtures("opencl")
 
 OPENCL = tvm.target.Target({"kind": "opencl"})
 FP32_TOL = 1e-5

@@ -5,11 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from tvm_streamk import pocl
-
 TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
 
-pytestmark = pytest.mark.skipif(not pocl.available(), reason="no PoCL device")
+pytestmark = pytest.mark.usefixtures("opencl")
 
 
 def _load(name: str):

@@ -14,7 +14,7 @@ from tvm_streamk import pocl, workloads
 
 from .test_stream_k_numeric import CASES, FP32_TOL
 
-pytestmark = pytest.mark.skipif(not pocl.available(), reason="no PoCL device")
+pytestmark = pytest.mark.usefixtures("opencl")
 
 OPENCL = tvm.target.Target({"kind": "opencl"})
 # fp16 output: the float64 reference rounded to fp16 differs by at most one fp16 ulp (2^-10

@@ -1,8 +1,11 @@
 """Stream-K work decomposition for Apache TVM TensorIR GPU kernels.
 
 Importing the package registers the ``tvm_streamk`` TIR pipeline and adds ``stream_k`` as a
-method of ``tvm.s_tir.Schedule``.
+method of ``tvm.s_tir.Schedule``. The other subpackages load on first access
+(``tvm_streamk.pocl``, ``tvm_streamk.workloads``, ...), so ``import tvm_streamk as sk`` is enough.
 """
+
+import importlib
 
 from . import dlight, meta_schedule, postproc
 from .decomposition import Plan, plan
@@ -12,6 +15,27 @@ from .meta_schedule import compile_tuned, tune
 from .pipeline import lower
 from .relax_pipeline import relax_pipeline
 from .schedule import stream_k
+
+# Loaded on first attribute access: the CPU backend opens OpenCL, the rest is rarely needed.
+_LAZY = (
+    "analysis",
+    "annotations",
+    "cost_model",
+    "decomposition",
+    "device",
+    "gpus",
+    "pipeline",
+    "pocl",
+    "transform",
+    "workloads",
+)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Plan",

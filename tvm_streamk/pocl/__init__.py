@@ -1,11 +1,22 @@
-"""Run GPU-scheduled TVM PrimFuncs on the CPU, through PoCL as a real OpenCL device.
+"""Run GPU-scheduled TVM PrimFuncs on the CPU, on PoCL (or the Oclgrind simulator) through OpenCL.
 
 The function is rebuilt for TVM's OpenCL target, its kernels compiled by PoCL, and launched in
 the order the lowered host function launches them, with the grid and block it computes.
 Work-groups run concurrently on PoCL, so races between blocks are as real as on a GPU.
 """
 
-from .device import available, compute_units
+from .device import (
+    ENV_EXECUTOR,
+    Executor,
+    available,
+    compute_units,
+    current,
+    executors,
+    oclgrind_log_offset,
+    oclgrind_reports,
+    usable_executors,
+    use,
+)
 from .errors import (
     ArgumentError,
     DeviceUnavailableError,
@@ -18,11 +29,13 @@ from .runner import CompiledKernel, compile, run, time
 from .signature import Param
 
 __all__ = [
+    "ENV_EXECUTOR",
     "ArgumentError",
     "BufferArg",
     "CompiledKernel",
     "Deferred",
     "DeviceUnavailableError",
+    "Executor",
     "KernelBuildError",
     "Launch",
     "Param",
@@ -34,6 +47,12 @@ __all__ = [
     "available",
     "compile",
     "compute_units",
+    "current",
+    "executors",
+    "oclgrind_log_offset",
+    "oclgrind_reports",
     "run",
     "time",
+    "usable_executors",
+    "use",
 ]

@@ -1,77 +1,320 @@
-"""The PoCL CPU device, opened once per process.
+"""The OpenCL CPU executors kernels run on: every PoCL found, and Oclgrind, each probed once.
 
-PoCL's own environment variables (``POCL_MAX_PTHREAD_COUNT``, ``POCL_CACHE_DIR``, ...) are left to
-the user: they are read by PoCL when the platform is first enumerated, so set them before the first
-call into this module.
+A machine may hold several OpenCL implementations for its CPU (pip's PoCL bundled with pyopencl,
+Debian's ``pocl-opencl-icd``, the Oclgrind simulator), and not all of them work on every CPU:
+pip's PoCL 3.0-rc2 (LLVM 14) builds no kernel on CPUs newer than LLVM 14 knows (AMD family 26,
+Zen 5: ``unknown target CPU 'generic'``). So every implementation is *probed* the first time
+this module is asked for a device: a trivial kernel is built and run, and the implementation is
+usable only if that works. The first usable PoCL is the default executor; Oclgrind, a
+simulator that checks every access (slow), runs only when chosen.
+
+Choosing: the environment variable ``TVM_STREAMK_OPENCL`` names an executor by its key or a
+part of it (``pocl-3.1``, ``pocl-3.0``, ``oclgrind``), read at the first call; in code,
+``with tvm_streamk.pocl.use("oclgrind"): ...`` switches for the block (the test suite runs its
+numeric tests once per usable PoCL this way).
+
+Oclgrind is not registered with the OpenCL ICD loader by Debian's package. When its ICD is
+installed and neither ``OCL_ICD_VENDORS`` nor ``OPENCL_VENDOR_PATH`` is set, this module points
+``OCL_ICD_VENDORS`` at a folder listing the system's ICDs plus Oclgrind's before the platforms
+are first enumerated, so all implementations are visible in one process (pyopencl's own PoCL is
+found by its bundled loader either way). It also asks Oclgrind to report uninitialised values
+and data races without a cap on their number, and to log to a file that
+:func:`oclgrind_reports` reads (its API checker is left off: pyopencl's device queries trip
+it). PoCL's own variables (``POCL_MAX_PTHREAD_COUNT``, ...) are left to the user and must be set
+before the first call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import glob
+import os
+import platform
+import re
+import tempfile
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from .errors import DeviceUnavailableError
 
-# PoCL identifies itself by this platform name; other OpenCL platforms (a GPU driver's ICD) are
-# never picked, so results do not depend on what else is installed.
+ENV_EXECUTOR = "TVM_STREAMK_OPENCL"
+# Implementations for the CPU: PoCL by its platform name, Oclgrind's simulator. Other platforms
+# (a GPU driver's ICD) are never picked, so results do not depend on what else is installed.
 _POCL_PLATFORM = "Portable Computing Language"
+_OCLGRIND_PLATFORM = "Oclgrind"
+_OCLGRIND_ICDS = (
+    "/usr/lib/oclgrind/liboclgrind-rt-icd.so",
+    "/usr/lib/*/oclgrind/liboclgrind-rt-icd.so",
+)
+_SYSTEM_VENDORS = "/etc/OpenCL/vendors"
+
+_PROBE_SOURCE = """
+__kernel void tvm_streamk_probe(__global int* x) {
+  int i = get_global_id(0);
+  x[i] = x[i] * 2 + (int)get_local_id(0);
+}
+"""
+
+_REMEDY = (
+    "Install an OpenCL CPU implementation that knows this CPU: `bash scripts/install-opencl` "
+    "(as root it runs `apt-get install pocl-opencl-icd oclgrind`, Debian's PoCL 3.1 with LLVM 15), "
+    "or choose a working one with TVM_STREAMK_OPENCL=<key>."
+)
+
+
+@dataclass(frozen=True)
+class Executor:
+    """One OpenCL CPU implementation and what its probe found.
+
+    Attributes
+    ----------
+    key : str
+        Short name, ``"<implementation>-<version>"``: ``pocl-3.1+debian``, ``oclgrind-21.10``.
+    platform, version, device : str
+        The OpenCL platform name, platform version and device name.
+    error : str or None
+        The first error line of the probe build (or run); None when the implementation works.
+    """
+
+    key: str
+    platform: str
+    version: str
+    device: str
+    error: str | None = None
+    _handles: tuple = field(default=(), repr=False, compare=False)
+
+    @property
+    def usable(self) -> bool:
+        return self.error is None
+
+    @property
+    def is_simulator(self) -> bool:
+        return self.platform == _OCLGRIND_PLATFORM
+
+    @property
+    def build_options(self) -> tuple[str, ...]:
+        """OpenCL compiler options: none for PoCL; Oclgrind's uninitialised-value checks see
+        through unoptimised code only (the optimiser folds undefined values away)."""
+        return ("-cl-opt-disable",) if self.is_simulator else ()
+
+    def describe(self) -> str:
+        state = "works" if self.usable else f"fails: {self.error}"
+        return f"{self.key} ({self.device}): {state}"
+
+
+def _oclgrind_icd() -> str | None:
+    for pattern in _OCLGRIND_ICDS:
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+def _expose_oclgrind() -> None:
+    """Make Oclgrind's ICD visible to the loader (module docstring), where the user has not
+    configured the loader."""
+    icd = _oclgrind_icd()
+    if icd is None or os.environ.get("OCL_ICD_VENDORS") or os.environ.get("OPENCL_VENDOR_PATH"):
+        return
+    folder = tempfile.mkdtemp(prefix="tvm_streamk_icd_")
+    for path in sorted(glob.glob(os.path.join(_SYSTEM_VENDORS, "*.icd"))):
+        with open(path) as src, open(os.path.join(folder, os.path.basename(path)), "w") as dst:
+            dst.write(src.read())
+    with open(os.path.join(folder, "tvm_streamk_oclgrind.icd"), "w") as f:
+        f.write(icd + "\n")
+    os.environ["OCL_ICD_VENDORS"] = folder
+    os.environ.setdefault("OCLGRIND_UNINITIALIZED", "1")
+    os.environ.setdefault("OCLGRIND_DATA_RACES", "1")
+    # The cap counts over the whole process and would silence reports after the accepted ones.
+    os.environ.setdefault("OCLGRIND_MAX_ERRORS", str(2**31 - 1))
+    os.environ.setdefault("OCLGRIND_LOG", os.path.join(folder, "oclgrind.log"))
+
+
+def _key(platform_name: str, version: str) -> str:
+    match = re.search(r"(PoCL|Oclgrind)\s+([^\s)]+)", version)
+    if match:
+        return f"{match.group(1).lower()}-{match.group(2)}"
+    return re.sub(r"\W+", "-", f"{platform_name} {version}").strip("-").lower()
+
+
+def _first_error_line(log: str) -> str:
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    for line in lines:
+        if "error" in line.lower():
+            return line[:300]
+    return (lines[0] if lines else "the probe kernel failed without a message")[:300]
+
+
+def _probe(cl, dev) -> tuple[str | None, tuple]:
+    """``(first error or None, (context, queue))`` of building and running the probe kernel."""
+    try:
+        context = cl.Context([dev])
+        queue = cl.CommandQueue(context, properties=cl.command_queue_properties.PROFILING_ENABLE)
+        program = cl.Program(context, _PROBE_SOURCE).build()
+        host = np.arange(8, dtype=np.int32)
+        buf = cl.Buffer(context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+        program.tvm_streamk_probe(queue, (8,), (4,), buf)
+        out = np.empty_like(host)
+        cl.enqueue_copy(queue, out, buf)
+        queue.finish()
+    except cl.Error as err:
+        return _first_error_line(str(err)), ()
+    expected = np.arange(8, dtype=np.int32) * 2 + np.arange(8, dtype=np.int32) % 4
+    if not np.array_equal(out, expected):
+        return f"the probe kernel computed {out.tolist()}, expected {expected.tolist()}", ()
+    return None, (context, queue)
 
 
 @functools.cache
-def _open():
-    """``(device, context, profiling queue)`` of the first PoCL CPU device, or raise."""
+def executors() -> tuple[Executor, ...]:
+    """Every OpenCL CPU implementation of this process, probed, in the loader's order."""
+    _expose_oclgrind()
     try:
         import pyopencl as cl
     except ImportError as err:
         raise DeviceUnavailableError(
-            f"pyopencl is not importable ({err}); install pyopencl and pocl-binary-distribution"
+            f"pyopencl is not importable ({err}); `pip install pyopencl pocl-binary-distribution`"
         ) from err
     try:
         platforms = cl.get_platforms()
-    except cl.Error as err:
-        raise DeviceUnavailableError(
-            f"no OpenCL platform could be enumerated ({err}); install pocl-binary-distribution"
-        ) from err
-    found = [p.name for p in platforms]
-    for platform in platforms:
-        if platform.name != _POCL_PLATFORM:
+    except cl.Error:
+        platforms = []
+    found = []
+    for plat in platforms:
+        if plat.name not in (_POCL_PLATFORM, _OCLGRIND_PLATFORM):
             continue
-        cpus = platform.get_devices(device_type=cl.device_type.CPU)
-        if cpus:
-            context = cl.Context([cpus[0]])
-            queue = cl.CommandQueue(
-                context, properties=cl.command_queue_properties.PROFILING_ENABLE
+        kind = cl.device_type.ALL if plat.name == _OCLGRIND_PLATFORM else cl.device_type.CPU
+        try:
+            devices = plat.get_devices(device_type=kind)
+        except cl.Error:
+            continue
+        for dev in devices:
+            error, handles = _probe(cl, dev)
+            found.append(
+                Executor(
+                    _key(plat.name, plat.version),
+                    plat.name,
+                    plat.version,
+                    dev.name,
+                    error,
+                    (dev, *handles),
+                )
             )
-            return cpus[0], context, queue
-    raise DeviceUnavailableError(
-        f"no PoCL CPU device among the OpenCL platforms {found}; "
-        "install pocl-binary-distribution next to pyopencl"
+    return tuple(found)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _unavailable(found: tuple[Executor, ...], wanted: str | None = None) -> DeviceUnavailableError:
+    tried = "; ".join(e.describe() for e in found) or "no PoCL or Oclgrind platform was found"
+    asked = f" matching {ENV_EXECUTOR}={wanted!r}" if wanted else ""
+    return DeviceUnavailableError(
+        f"no usable OpenCL CPU executor{asked} on this CPU ({_cpu_name()}). "
+        f"Tried: {tried}. {_REMEDY}"
     )
 
 
-def available() -> bool:
-    """Whether a PoCL CPU device can be opened in this process."""
+def find(name: str) -> Executor:
+    """The usable executor whose key is or contains ``name`` (first match), else raise."""
+    found = executors()
+    matches = [e for e in found if e.key == name] or [e for e in found if name.lower() in e.key]
+    usable = [e for e in matches if e.usable]
+    if not usable:
+        raise _unavailable(found, name)
+    return usable[0]
+
+
+_state = threading.local()
+
+
+def _default() -> Executor:
+    wanted = os.environ.get(ENV_EXECUTOR)
+    if wanted:
+        return find(wanted)
+    found = executors()
+    usable = [e for e in found if e.usable and not e.is_simulator]
+    if not usable:
+        raise _unavailable(found)
+    return usable[0]
+
+
+def current() -> Executor:
+    """The executor kernels compile and run on in this thread (see the module docstring)."""
+    chosen = getattr(_state, "executor", None)
+    return chosen if chosen is not None else _default()
+
+
+@contextlib.contextmanager
+def use(executor: Executor | str):
+    """Run the kernels compiled inside the ``with`` block on ``executor`` (an Executor or key)."""
+    chosen = find(executor) if isinstance(executor, str) else executor
+    if not chosen.usable:
+        raise _unavailable((chosen,))
+    previous = getattr(_state, "executor", None)
+    _state.executor = chosen
     try:
-        _open()
+        yield chosen
+    finally:
+        _state.executor = previous
+
+
+def usable_executors(simulators: bool = False) -> tuple[Executor, ...]:
+    """The executors whose probe passed; Oclgrind only with ``simulators``."""
+    return tuple(e for e in executors() if e.usable and (simulators or not e.is_simulator))
+
+
+def available() -> bool:
+    """Whether a usable OpenCL CPU executor exists (the one :func:`current` would give)."""
+    try:
+        current()
     except DeviceUnavailableError:
         return False
     return True
 
 
 def device():
-    """The ``pyopencl.Device`` kernels run on."""
-    return _open()[0]
+    """The ``pyopencl.Device`` of the current executor."""
+    return current()._handles[0]
 
 
 def context():
-    """The shared ``pyopencl.Context`` (one per process, so compiled programs can be reused)."""
-    return _open()[1]
+    """The current executor's ``pyopencl.Context`` (one per executor and process)."""
+    return current()._handles[1]
 
 
 def queue():
-    """The shared in-order, profiling-enabled ``pyopencl.CommandQueue``."""
-    return _open()[2]
+    """The current executor's in-order, profiling-enabled ``pyopencl.CommandQueue``."""
+    return current()._handles[2]
 
 
 def compute_units() -> int:
-    """Compute units of the PoCL device: the number of work-groups that can run at once."""
+    """Compute units of the current executor: the number of work-groups that can run at once."""
     return int(device().max_compute_units)
+
+
+def oclgrind_log_offset() -> int:
+    """Where Oclgrind's log ends now; pass it to :func:`oclgrind_reports` after a run."""
+    path = os.environ.get("OCLGRIND_LOG")
+    return os.path.getsize(path) if path and os.path.exists(path) else 0
+
+
+def oclgrind_reports(since: int) -> str:
+    """What Oclgrind logged after offset ``since`` (its diagnostics of the kernels run since)."""
+    path = os.environ.get("OCLGRIND_LOG")
+    if not path or not os.path.exists(path):
+        return ""
+    with open(path, errors="replace") as f:
+        f.seek(since)
+        return f.read()

@@ -48,9 +48,11 @@ class CompiledKernel:
     """
 
     def __init__(self, lowered: Lowered, params: tuple[Param, ...], plan: LaunchPlan):
-        context = device.context()
         import pyopencl as cl
 
+        # The kernel stays on the executor it was built for, whatever is current later.
+        self.executor = device.current()
+        context = self._context
         self.name = lowered.name
         self.params = params
         self.source = lowered.source
@@ -60,7 +62,9 @@ class CompiledKernel:
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", cl.CompilerWarning)
-                program = cl.Program(context, self.source).build()
+                program = cl.Program(context, self.source).build(
+                    options=list(self.executor.build_options)
+                )
         except cl.Error as err:
             raise KernelBuildError(
                 f"PoCL could not compile the OpenCL generated for {self.name!r}: {err}"
@@ -71,7 +75,15 @@ class CompiledKernel:
 
     def __repr__(self) -> str:
         launches = "; ".join(str(launch) for launch in self.launches)
-        return f"CompiledKernel({self.name}: {launches})"
+        return f"CompiledKernel({self.name} on {self.executor.key}: {launches})"
+
+    @property
+    def _context(self):
+        return self.executor._handles[1]
+
+    @property
+    def _queue(self):
+        return self.executor._handles[2]
 
     @property
     def outputs(self) -> tuple[int, ...]:
@@ -122,14 +134,12 @@ class CompiledKernel:
             raise ValueError(f"launches must be at least 1; found {launches}")
         values = check_arguments(self.name, self.params, arrays)
         buffers, resolved = self._prepare(values)
-        q = device.queue()
+        q = self._queue
         results = []
         for _ in range(launches):
             if poison_outputs:
                 for index in self.outputs:
-                    size = values[index].nbytes
-                    if size:
-                        cl.enqueue_fill_buffer(q, buffers.params[index], _POISON, 0, size)
+                    self._poison(buffers.params[index], values[index].nbytes)
             for launch in resolved:
                 self._enqueue(launch, buffers)
             call = []
@@ -157,7 +167,7 @@ class CompiledKernel:
         samples = []
         for i in range(warmup + repeat):
             events = [self._enqueue(launch, buffers) for launch in launches]
-            device.queue().finish()
+            self._queue.finish()
             if i >= warmup:
                 spans = [e.profile.end - e.profile.start for e in events if e is not None]
                 samples.append(sum(spans) * 1e-9)
@@ -166,7 +176,7 @@ class CompiledKernel:
     def _prepare(self, values: Sequence):
         import pyopencl as cl
 
-        ctx, q = device.context(), device.queue()
+        ctx = self._context
         mf = cl.mem_flags
         launches, ws_sizes = self._plan.resolve(values)
         params = []
@@ -180,9 +190,25 @@ class CompiledKernel:
         workspaces = []
         for size in ws_sizes:
             buf = cl.Buffer(ctx, mf.READ_WRITE, max(size, 1))
-            cl.enqueue_fill_buffer(q, buf, _POISON, 0, max(size, 1))
+            # Oclgrind keeps a never-written buffer uninitialised and reports any read of it
+            # before a write: a stricter poison than bytes (its fill would also race with the
+            # shadow state of later kernels).
+            if not self.executor.is_simulator:
+                self._poison(buf, max(size, 1))
             workspaces.append(buf)
         return _DeviceBuffers(params, workspaces), launches
+
+    def _poison(self, buf, size: int) -> None:
+        """Fill ``size`` bytes of ``buf`` with all-ones bytes."""
+        import pyopencl as cl
+
+        if not size:
+            return
+        if self.executor.is_simulator:
+            # Oclgrind's uninitialised-value shadow misses kernel stores after a fill command.
+            cl.enqueue_copy(self._queue, buf, np.full(size, _POISON, np.uint8))
+        else:
+            cl.enqueue_fill_buffer(self._queue, buf, _POISON, 0, size)
 
     def _enqueue(self, launch, buffers):
         """Enqueue one resolved launch; return its event (``None`` for an empty grid)."""
@@ -203,7 +229,7 @@ class CompiledKernel:
         global_size = tuple(g * b for g, b in zip(launch.grid, launch.block))
         try:
             kernel.set_args(*args)
-            return cl.enqueue_nd_range_kernel(device.queue(), kernel, global_size, launch.block)
+            return cl.enqueue_nd_range_kernel(self._queue, kernel, global_size, launch.block)
         except cl.Error as err:
             raise PoclError(
                 f"launching {launch.kernel} with grid {launch.grid} and block {launch.block} "
@@ -244,7 +270,7 @@ _cache: collections.OrderedDict = collections.OrderedDict()
 
 def _cached(mod, pipeline: str, func_name: str | None) -> CompiledKernel:
     name, func = select_primfunc(mod, func_name)
-    key = (structural_hash(func), name, pipeline)
+    key = (structural_hash(func), name, pipeline, device.current().key)
     for cached_func, kernel in _cache.get(key, ()):
         if structural_equal(cached_func, func):
             _cache.move_to_end(key)

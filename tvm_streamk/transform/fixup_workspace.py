@@ -15,10 +15,27 @@ its buffers, so repeated launches, concurrent kernels of one model and several S
 in one module do not share state. Slots: two per block (its first and last segment may be
 partial; the segments between are whole tiles), one per block for split-K.
 
-Ordering. A thread fences its partial stores (``__threadfence`` / ``mem_fence``) before the block
-barrier that precedes the arrival, so the partials are visible device-wide before the counter
-moves; the last block fences again after seeing the count and, on CUDA, reads partials with
-``__ldcg`` (bypassing the non-coherent L1, whose lines may hold a neighbouring slot's old bytes).
+Ordering (the hand-off argument). Writer side, per partial segment: every thread stores its
+part of the partial tile, then fences global memory (``__threadfence`` on CUDA,
+``mem_fence(CLK_GLOBAL_MEM_FENCE)`` on OpenCL), then the block meets at a barrier; only then
+does one thread add the segment's panel count to the tile's counter with an atomic. So every
+partial store of the block is ordered before its arrival. Reader side: the thread whose atomic
+returns the count that completes ``panels`` knows every other peer's arrival came first; it
+publishes that through shared memory and a second barrier, every thread fences again and then
+reads the other peers' slots. No block ever waits for another (no spin), so there is no
+deadlock whatever the scheduling, and the counters and slots are this call's own.
+
+How far each target guarantees it: on CUDA the fences are device-scope (sequentially
+consistent) and the reads of other blocks' partials use ``__ldcg``, which bypasses the
+non-coherent L1 that could hold a stale line from an earlier call. OpenCL 1.2 has no
+device-scope release/acquire: ``mem_fence`` orders a work-item's own accesses and the atomic
+counter is the only inter-work-group synchronisation it defines, so the kernel uses the
+strongest pair it has (fence + atomic on the writer side, atomic + fence on the reader side) and
+plain loads for the partials. That is enough on CPUs and on GPUs whose global loads are
+coherent at device scope. An OpenCL C 2.0 ``atomic_work_item_fence(..., memory_scope_device)``
+and partial loads that bypass a non-coherent cache would make it a guarantee on every OpenCL
+GPU; they are not emitted yet (TVM's codegen dropped a ``volatile_scope`` attribute when
+tried). The barriers stand outside any condition (see :meth:`WorkspaceFixup.after_segment`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,153 @@
+"""Stream-K kernels under the Oclgrind simulator: every access checked, not only the results.
+
+Oclgrind reports out-of-bounds accesses, barrier divergence, uninitialised values reaching memory
+or control flow, and data races; :func:`tvm_streamk.pocl.oclgrind.check` fails on any report
+except the two documented inter-work-group hand-offs (its module docstring). The subset covers
+every policy x fix-up on the reference and dlight schedules at uneven shapes, a MetaSchedule
+sample, GEMV, batched GEMM and a fused fp16 epilogue; results are also checked against float64
+numpy (fp32 accumulation within 1e-5 relative to the largest output). Shapes are small: the
+simulator runs every work-item.
+"""
+
+import numpy as np
+import pytest
+import tvm
+from tvm.s_tir import Schedule
+from tvm.script import tirx as T
+
+import tvm_streamk
+from tvm_streamk import workloads
+from tvm_streamk._compat import dlight
+from tvm_streamk.pocl import oclgrind
+
+from .test_portability import A100, _dlight_matmul, _matmul_reference
+from .test_schedule_sources import MS_FUNC, MS_SMS, _update_block, ms_samples  # noqa: F401
+from .test_stream_k_numeric import _gemv_schedule
+
+pytestmark = pytest.mark.usefixtures("oclgrind")
+
+OPENCL = tvm.target.Target({"kind": "opencl"})
+H100 = tvm.target.Target("nvidia/nvidia-h100")
+FP32_TOL = 1e-5
+FP16_TOL = 2.0**-10 + FP32_TOL
+
+POLICIES = [
+    {"policy": "data_parallel"},
+    {"policy": "split_k", "splits": 3},
+    {"policy": "stream_k"},
+    {"policy": "hybrid", "variant": "one_tile"},
+    {"policy": "hybrid", "variant": "two_tile"},
+]
+POLICY_IDS = ["-".join(map(str, p.values())) for p in POLICIES]
+
+
+def _checked(mod, func, reference=None):
+    args = workloads.random_args(func)
+    result = oclgrind.check(mod, *args, pipeline="tvm_streamk")
+    ref = reference(args) if reference else workloads.reference(func, args)
+    return workloads.relative_error(result.outputs[-1], ref), result
+
+
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+@pytest.mark.parametrize("decision", POLICIES, ids=POLICY_IDS)
+def test_reference_schedule(decision, fixup):
+    # 2 x 3 tiles of 32 x 32 (the last row and column predicated), 7 panels, on 4 blocks.
+    func = workloads.gemm(45, 70, 53)
+    sch = workloads.reference_schedule(func)
+    tvm_streamk.stream_k(sch, "C_update", num_sms=4, fixup=fixup, target=OPENCL, **decision)
+    error, _ = _checked(sch.mod, func)
+    assert error <= FP32_TOL
+
+
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+@pytest.mark.parametrize("decision", POLICIES, ids=POLICY_IDS)
+def test_dlight_schedule(decision, fixup):
+    # dlight's 32 x 64 tiles with 16-wide panels: 2 tiles (one predicated) of 7 panels.
+    func = _dlight_matmul(57, 100, 44, dlight.gpu.Matmul(), A100)
+    sch = Schedule(func)
+    tvm_streamk.stream_k(sch, _update_block(sch), num_sms=3, fixup=fixup, target=A100, **decision)
+    error, _ = _checked(sch.mod, func, _matmul_reference)
+    assert error <= FP32_TOL
+
+
+@pytest.mark.slow  # about 200 s each: the sample's 192 x 128 x 256 GEMM, simulated
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+def test_meta_schedule_sample(ms_samples, fixup):  # noqa: F811
+    sch = ms_samples[0].copy()
+    tvm_streamk.stream_k(sch, _update_block(sch), num_sms=MS_SMS, fixup=fixup, target=H100)
+    error, _ = _checked(sch.mod, MS_FUNC)
+    assert error <= FP32_TOL
+
+
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+def test_gemv(fixup):
+    func, sch = _gemv_schedule(70, 512)
+    plan = tvm_streamk.stream_k(sch, "C_update", num_sms=5, fixup=fixup, target=OPENCL)
+    assert plan.split_tiles
+    error, _ = _checked(sch.mod, func)
+    assert error <= FP32_TOL
+
+
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+def test_batched_gemm(fixup):
+    func = workloads.batched_gemm(3, 20, 40, 48)
+    sch = workloads.reference_schedule(func)
+    plan = tvm_streamk.stream_k(sch, "C_update", num_sms=4, fixup=fixup, target=OPENCL)
+    assert plan.split_tiles
+    error, _ = _checked(sch.mod, func)
+    assert error <= FP32_TOL
+
+
+def test_fused_epilogue_with_fp16_output():
+    func = workloads.gemm(40, 36, 48, epilogue="bias_relu", out_dtype="float16", in_dtype="float16")
+    sch = workloads.reference_schedule(func)
+    plan = tvm_streamk.stream_k(sch, "C_update", num_sms=3, fixup="workspace", target=OPENCL)
+    assert plan.split_tiles
+    error, result = _checked(sch.mod, func)
+    assert error <= FP16_TOL
+    # The hand-off reads were seen and accepted, not missed: the race detector is on.
+    assert result.accepted and all("race" in r.kind for r in result.accepted)
+
+
+# fmt: off
+@T.prim_func(s_tir=True)
+def _reads_past_its_input(A: T.Buffer((64,), "float32"), B: T.Buffer((64,), "float32")):
+    for b in T.thread_binding(2, thread="blockIdx.x"):
+        for t in T.thread_binding(32, thread="threadIdx.x"):
+            with T.sblock("copy"):
+                v = T.axis.spatial(64, b * 32 + t)
+                B[v] = A[T.min(v + 1, 64)]
+# fmt: on
+
+
+def test_an_out_of_bounds_read_fails():
+    args = [np.ones(64, np.float32), np.full(64, np.nan, np.float32)]
+    with pytest.raises(oclgrind.OclgrindReportError, match="Invalid read"):
+        oclgrind.check(_reads_past_its_input, *args)
+
+
+def test_documented_handoffs_are_the_only_accepted_reports():
+    source = "\n".join(
+        [
+            "__inline float atomic_add_float_emu(volatile __global float* sum, float x) {",
+            "  prev = *sum;",
+            "} while (atomic_cmpxchg(...));",
+            "}",
+            "acc = sk_workspace_ptr[i];",
+            "C_ptr[i] = acc;",
+            "sk_workspace_ptr[j] = acc;",
+        ]
+    )
+
+    def race(kind, lines, groups=("0,0,0", "1,0,0")):
+        return oclgrind.Report(kind, lines, groups, "")
+
+    assert oclgrind.is_documented_handoff(race("Read-write data race", (5, 7)), source)
+    assert oclgrind.is_documented_handoff(race("Read-write data race", (2, 3)), source)
+    # Write-write, a race inside one work-group, or one on the output is a defect.
+    assert not oclgrind.is_documented_handoff(race("Write-write data race", (7, 7)), source)
+    assert not oclgrind.is_documented_handoff(
+        race("Read-write data race", (5, 7), ("1,0,0", "1,0,0")), source
+    )
+    assert not oclgrind.is_documented_handoff(race("Read-write data race", (5, 6)), source)
+    assert not oclgrind.is_documented_handoff(race("Invalid read of size 4", (5,)), source)
