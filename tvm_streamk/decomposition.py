@@ -239,6 +239,21 @@ class Plan:
         """``TOTAL = tiles * panels``, the flattened iteration count."""
         return self.tiles * self.panels
 
+    def largest_intermediate(self, grid: int | None = None) -> int:
+        """An upper bound of every value the closed forms compute, intermediates included.
+
+        The kernel evaluates them in an integer type that must hold this bound: the even split
+        multiplies a block index by the iteration count (``b * TOTAL``) and the block of an
+        iteration multiplies it by the grid (``(it + 1) * G``); split-K and data-parallel stay
+        within ``TOTAL`` plus a panel row. ``grid`` bounds a grid only known at run time
+        (defaults to :attr:`grid`).
+        """
+        total, panels = self.iterations, self.panels
+        if self.policy in ("data_parallel", "split_k"):
+            return 2 * (total + panels * self.splits)
+        g = self.grid if grid is None else grid
+        return (g + 1) * (total + panels + 1)
+
     def stream_k_tiles(self, ops: Ops = INT_OPS, grid: Any = None) -> Any:
         """Number ``SK`` of leading tiles walked Stream-K style, as a closed form of ``grid``.
 

@@ -206,11 +206,34 @@ def over_units(
     return seq([first, tirx.For(u, int_imm(0, dtype), units - 1, tirx.ForKind.SERIAL, rest)])
 
 
+INT32_MAX = 2**31 - 1
+
+
+def index_dtype(site, plan: decomposition.Plan, runtime_grid: bool = False) -> str:
+    """The integer type of the closed forms: the band's own type unless the plan's largest
+    intermediate would wrap it (then int64). A run-time grid is bounded by the iterations."""
+    if site.index_dtype == "int64":
+        return "int64"
+    bound = plan.largest_intermediate(plan.iterations if runtime_grid else None)
+    return "int64" if bound > INT32_MAX else site.index_dtype
+
+
+def cast_to(dtype: str, value):
+    """``value`` in ``dtype`` (unchanged when it already is)."""
+    return value if dtype_of(value) == dtype else tirx.Cast(dtype, value)
+
+
 def coordinates(band: tuple[tirx.For, ...], tile, group: int | None) -> list[tirx.Bind]:
-    """``Bind`` statements that define the band's loop variables from a linear tile index."""
+    """``Bind`` statements that define the band's loop variables from a linear tile index.
+
+    Coordinates are below the band's extents, so they narrow to the loops' own type exactly.
+    """
     extents = tuple(int(loop.extent) for loop in band)
     coords = decomposition.tile_order(tile, extents, group=group, ops=TIR_OPS)
-    return [tirx.Bind(loop.loop_var, c) for loop, c in zip(band, coords, strict=True)]
+    return [
+        tirx.Bind(loop.loop_var, cast_to(dtype_of(loop.loop_var), c))
+        for loop, c in zip(band, coords, strict=True)
+    ]
 
 
 def prune_to(stmt, names: set[str], rewrite_realize):

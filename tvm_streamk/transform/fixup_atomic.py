@@ -20,6 +20,7 @@ from ._ir import (
     bound_loop,
     coordinates,
     fresh_definitions,
+    index_dtype,
     int_imm,
     over_units,
     prune_to,
@@ -152,7 +153,7 @@ class AtomicFixup:
             return SBlockRealize(realize.iter_values, realize.predicate, new_block)
 
         zero_body = prune_to(self.tile_body, self.names, zero)
-        dtype = site.index_dtype
+        dtype = index_dtype(site, self.plan, runtime_grid=self.grid is not None)
         tile, b = var("sk_zero_tile", dtype), var("sk_zero_block", dtype)
 
         def zero_where_split(lo, hi, may_be_empty: bool) -> tirx.Stmt:

@@ -35,7 +35,9 @@ from . import device_sms
 from ._ir import (
     Segment,
     bound_loop,
+    cast_to,
     coordinates,
+    index_dtype,
     int_imm,
     over_units,
     replace_block,
@@ -141,7 +143,7 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
                 "The run-time grid works with the atomic fix-up only; pass num_sms for the "
                 "workspace fix-up.",
             )
-        device_grid = var("sk_grid", site.index_dtype)
+        device_grid = var("sk_grid", index_dtype(site, plan, runtime_grid=True))
     fixup = make_fixup(site, plan, decision, target, tile_body, device_grid)
     # Scratch buffers (shared, registers) a second copy of the tile body must not share.
     scratch = [buf for buf in [*root.alloc_buffers, *fixup.buffers] if buf.scope() != "global"]
@@ -156,7 +158,7 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
     if device_grid is not None:
         # One block per resident slot of the device, never more blocks than iterations.
         slots = device_sms.placeholder() * decision.blocks_per_sm
-        grid_value = tirx.min(tirx.Cast(site.index_dtype, slots), plan.iterations)
+        grid_value = tirx.min(cast_to(dtype_of(device_grid), slots), plan.iterations)
         nests.insert(0, tirx.Bind(device_grid, grid_value))
     band_var = site.band[0].loop_var
 
@@ -177,7 +179,7 @@ def _persistent_nest(
     site, plan, decision, fixup, strip, tile_body, scratch, copies, device_grid=None
 ) -> tirx.Stmt:
     panels = site.panels
-    dtype = site.index_dtype
+    dtype = index_dtype(site, plan, runtime_grid=device_grid is not None)
     seg = Segment(
         block=var("sk_block", dtype),
         index=var("sk_segment", dtype),
@@ -252,7 +254,7 @@ def _aligned_nest(site, plan, fixup, strip, tile_body) -> tirx.Stmt:
     form TVM's analyses expect, and the panel loop keeps a constant trip count, which software
     pipelining and tensor-core fragments need. Block ``tile * S + s`` runs split ``s``.
     """
-    splits, dtype = plan.splits, site.index_dtype
+    splits, dtype = plan.splits, index_dtype(site, plan)
     per = site.panels // splits
     seg = Segment(
         block=var("sk_block", dtype),
@@ -266,7 +268,7 @@ def _aligned_nest(site, plan, fixup, strip, tile_body) -> tirx.Stmt:
 
     tile_index = int_imm(0, dtype)
     for loop in site.band:
-        tile_index = tile_index * int(loop.extent) + loop.loop_var
+        tile_index = tile_index * int(loop.extent) + cast_to(dtype, loop.loop_var)
     body = seq(
         [
             tirx.Bind(seg.tile, tile_index),
@@ -285,7 +287,9 @@ def _aligned_nest(site, plan, fixup, strip, tile_body) -> tirx.Stmt:
             zz = var("sk_z", dtype)
             body = seq(
                 [
-                    tirx.Bind(loop.loop_var, tirx.floordiv(zz, splits)),
+                    tirx.Bind(
+                        loop.loop_var, cast_to(dtype_of(loop.loop_var), tirx.floordiv(zz, splits))
+                    ),
                     tirx.Bind(split, tirx.floormod(zz, splits)),
                     body,
                 ]
