@@ -11,7 +11,6 @@ within 1e-5 of float64 relative to the largest output.
 import numpy as np
 import pytest
 import tvm
-from tvm import relax
 
 import tvm_streamk
 from tvm_streamk import pocl, workloads
@@ -19,10 +18,11 @@ from tvm_streamk._compat import dlight
 from tvm_streamk.dlight import StreamKMatmul
 from tvm_streamk.pocl import device as pocl_device
 
+from .test_schedule_sources import A100, _legalized_relax_matmul
+
 pytestmark = pytest.mark.usefixtures("opencl")
 
 OPENCL = tvm.target.Target({"kind": "opencl"})
-A100 = tvm.target.Target("nvidia/nvidia-a100")
 H100 = tvm.target.Target("nvidia/nvidia-h100")
 FP32_TOL = 1e-5
 
@@ -66,14 +66,7 @@ def test_reference_schedule_cases(M, N, K, num_sms, tiles, what, fixup):
 
 
 def _dlight_matmul(M, K, N, rule, target, dtype="float32"):
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((M, K), dtype))
-    w = relax.Var("w", relax.TensorType((K, N), dtype))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(bb.emit(relax.op.matmul(x, w)))
-        bb.emit_func_output(out)
-    mod = relax.transform.LegalizeOps()(bb.get())
+    mod = _legalized_relax_matmul(M, N, K, dtype)
     with target:
         mod = dlight.ApplyDefaultSchedule(rule, dlight.gpu.Fallback())(mod)
     (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]

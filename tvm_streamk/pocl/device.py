@@ -100,6 +100,21 @@ class Executor:
         through unoptimised code only (the optimiser folds undefined values away)."""
         return ("-cl-opt-disable",) if self.is_simulator else ()
 
+    @property
+    def cl_device(self):
+        """The ``pyopencl.Device``."""
+        return self._handles[0]
+
+    @property
+    def context(self):
+        """The executor's ``pyopencl.Context`` (one per process, so programs can be reused)."""
+        return self._handles[1]
+
+    @property
+    def queue(self):
+        """The executor's in-order, profiling-enabled ``pyopencl.CommandQueue``."""
+        return self._handles[2]
+
     def describe(self) -> str:
         state = "works" if self.usable else f"fails: {self.error}"
         return f"{self.key} ({self.device}): {state}"
@@ -243,10 +258,9 @@ def _default() -> Executor:
     wanted = os.environ.get(ENV_EXECUTOR)
     if wanted:
         return find(wanted)
-    found = executors()
-    usable = [e for e in found if e.usable and not e.is_simulator]
+    usable = usable_executors()
     if not usable:
-        raise _unavailable(found)
+        raise _unavailable(executors())
     return usable[0]
 
 
@@ -286,17 +300,17 @@ def available() -> bool:
 
 def device():
     """The ``pyopencl.Device`` of the current executor."""
-    return current()._handles[0]
+    return current().cl_device
 
 
 def context():
-    """The current executor's ``pyopencl.Context`` (one per executor and process)."""
-    return current()._handles[1]
+    """The current executor's ``pyopencl.Context``."""
+    return current().context
 
 
 def queue():
-    """The current executor's in-order, profiling-enabled ``pyopencl.CommandQueue``."""
-    return current()._handles[2]
+    """The current executor's ``pyopencl.CommandQueue``."""
+    return current().queue
 
 
 def compute_units() -> int:

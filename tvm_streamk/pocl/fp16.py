@@ -303,14 +303,7 @@ class _Legalizer:
         ty = call.ty
         if not (isinstance(ty, PointerType) and _is_fp16(str(ty.element_type.dtype))):
             return call
-        return tvm.ir.Call(
-            call.op,
-            list(call.args),
-            call.attrs,
-            list(call.ty_args),
-            call.span,
-            ret_ty=PointerType(PrimType("uint16"), ty.storage_scope),
-        )
+        return _with_ret_ty(call, PointerType(PrimType("uint16"), ty.storage_scope))
 
     def _retyped(self, rebuild):
         def callback(e):
@@ -337,11 +330,11 @@ class _Legalizer:
         elif name != "prim.if_then_else":
             self._refuse(f"the float16 intrinsic {name}")
             return call
-        return tvm.ir.Call(
-            call.op,
-            list(call.args),
-            call.attrs,
-            list(call.ty_args),
-            call.span,
-            ret_ty=_with_base(dtype_of(call), "float32"),
-        )
+        return _with_ret_ty(call, _with_base(dtype_of(call), "float32"))
+
+
+def _with_ret_ty(call, ret_ty):
+    """``call`` rebuilt with the return type ``ret_ty``, everything else kept."""
+    return tvm.ir.Call(
+        call.op, list(call.args), call.attrs, list(call.ty_args), call.span, ret_ty=ret_ty
+    )

@@ -24,6 +24,7 @@ any race on other buffers) is a defect, raised as :class:`OclgrindReportError`.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -75,9 +76,15 @@ def parse(log: str) -> list[Report]:
     return reports
 
 
+@functools.lru_cache(maxsize=8)
+def _source_lines(source: str) -> tuple[str, ...]:
+    return tuple(source.splitlines())
+
+
+@functools.lru_cache(maxsize=8)
 def _helper_lines(source: str) -> range:
     """Lines (1-based) of TVM's ``atomic_add_float_emu`` definition in ``source``."""
-    lines = source.splitlines()
+    lines = _source_lines(source)
     for i, line in enumerate(lines):
         if _HELPER in line and "{" in line:
             end = next((j for j in range(i, len(lines)) if lines[j].startswith("}")), i)
@@ -91,7 +98,7 @@ def is_documented_handoff(report: Report, source: str) -> bool:
         return False
     if len(set(report.groups)) < 2:
         return False
-    text = source.splitlines()
+    text = _source_lines(source)
     helper = _helper_lines(source)
     if all(n in helper for n in report.lines):
         return True
@@ -99,7 +106,7 @@ def is_documented_handoff(report: Report, source: str) -> bool:
 
 
 def _excerpt(report: Report, source: str) -> str:
-    text = source.splitlines()
+    text = _source_lines(source)
     where = "; ".join(
         f"line {n}: {text[n - 1].strip()[:160]}" for n in report.lines if 0 < n <= len(text)
     )
@@ -127,8 +134,9 @@ def check(mod, *arrays, pipeline: str = "default", func_name: str | None = None)
         start = device.oclgrind_log_offset()
         outputs = kernel.run(*arrays)
         reports = parse(device.oclgrind_reports(start))
-    accepted = tuple(r for r in reports if is_documented_handoff(r, kernel.source))
-    rejected = [r for r in reports if r not in accepted]
+    accepted, rejected = [], []
+    for report in reports:
+        (accepted if is_documented_handoff(report, kernel.source) else rejected).append(report)
     if rejected:
         shown = "\n  ".join(_excerpt(r, kernel.source) for r in rejected[:5])
         more = f"\n  ... and {len(rejected) - 5} more" if len(rejected) > 5 else ""
@@ -138,4 +146,4 @@ def check(mod, *arrays, pipeline: str = "default", func_name: str | None = None)
             "Read the whole diagnostic with tvm_streamk.pocl.oclgrind.parse on the log "
             "(OCLGRIND_LOG)."
         )
-    return CheckedRun(outputs, accepted)
+    return CheckedRun(outputs, tuple(accepted))

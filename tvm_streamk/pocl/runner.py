@@ -52,7 +52,7 @@ class CompiledKernel:
 
         # The kernel stays on the executor it was built for, whatever is current later.
         self.executor = device.current()
-        context = self._context
+        context = self.executor.context
         self.name = lowered.name
         self.params = params
         self.source = lowered.source
@@ -78,12 +78,8 @@ class CompiledKernel:
         return f"CompiledKernel({self.name} on {self.executor.key}: {launches})"
 
     @property
-    def _context(self):
-        return self.executor._handles[1]
-
-    @property
     def _queue(self):
-        return self.executor._handles[2]
+        return self.executor.queue
 
     @property
     def outputs(self) -> tuple[int, ...]:
@@ -176,7 +172,7 @@ class CompiledKernel:
     def _prepare(self, values: Sequence):
         import pyopencl as cl
 
-        ctx = self._context
+        ctx = self.executor.context
         mf = cl.mem_flags
         launches, ws_sizes = self._plan.resolve(values)
         params = []

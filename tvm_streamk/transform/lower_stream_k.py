@@ -239,8 +239,7 @@ def _ranged(tile_body, site: StreamKSite, seg: Segment, fixup, strip, extent) ->
         old = loop.loop_var
         k_dtype = dtype_of(old)
         k = var(old.name + "_sk", k_dtype)
-        start = begin if dtype_of(begin) == k_dtype else tirx.Cast(k_dtype, begin)
-        size = extent if dtype_of(extent) == k_dtype else tirx.Cast(k_dtype, extent)
+        start, size = cast_to(k_dtype, begin), cast_to(k_dtype, extent)
         body = structural_map(loop.body, (tirx.Var, lambda v: k + start if v.same_as(old) else v))
         return tirx.For(k, int_imm(0, k_dtype), size, loop.kind, body, None, loop.annotations)
 
