@@ -5,6 +5,8 @@ workspace and counters with all-ones bytes (NaN / -1) before the first launch, a
 GPU memory would be, so a kernel relying on zeroed memory fails here.
 """
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -133,3 +135,24 @@ def test_workspace_is_sized_for_the_split_tiles():
     fix = WorkspaceFixup(site, plan, OPENCL, None, site.band[-1].body)
     # 4 blocks x 2 slots x (32 x 32 fp32) + one int32 counter per tile.
     assert fix.workspace_bytes == 4 * 2 * 32 * 32 * 4 + 4 * plan.tiles
+
+
+@pytest.mark.parametrize("in_dtype", ["float32", "int8"])
+def test_opencl_reads_other_blocks_partials_atomically(in_dtype):
+    # OpenCL 1.2 orders memory across work-groups only through atomics: 32-bit partials are int32
+    # bit patterns read back with atomic_or(p, 0), never a plain (cacheable) load.
+    func = workloads.gemm(64, 64, 96, in_dtype=in_dtype)
+    sch, plan = _schedule(func, num_sms=3)
+    assert plan.split_tiles
+    kernel = pocl.compile(sch.mod, pipeline="tvm_streamk")
+    reads = [line for line in kernel.source.splitlines() if "sk_workspace_ptr" in line]
+    assert "__global int* restrict sk_workspace_ptr" in kernel.source
+    assert any("atomic_or(((__global int *)sk_workspace_ptr" in line for line in reads)
+    assert not any(re.search(r"=[^=]*\bsk_workspace_ptr\[", line) for line in reads)
+    args = workloads.random_args(func)
+    out = kernel.run(*args)[-1]
+    ref = workloads.reference(func, args)
+    if in_dtype == "int8":
+        assert np.array_equal(out, ref.astype(np.int64))
+    else:
+        assert workloads.relative_error(out, ref) <= FP32_TOL

@@ -28,14 +28,17 @@ deadlock whatever the scheduling, and the counters and slots are this call's own
 How far each target guarantees it: on CUDA the fences are device-scope (sequentially
 consistent) and the reads of other blocks' partials use ``__ldcg``, which bypasses the
 non-coherent L1 that could hold a stale line from an earlier call. OpenCL 1.2 has no
-device-scope release/acquire: ``mem_fence`` orders a work-item's own accesses and the atomic
-counter is the only inter-work-group synchronisation it defines, so the kernel uses the
-strongest pair it has (fence + atomic on the writer side, atomic + fence on the reader side) and
-plain loads for the partials. That is enough on CPUs and on GPUs whose global loads are
-coherent at device scope. An OpenCL C 2.0 ``atomic_work_item_fence(..., memory_scope_device)``
-and partial loads that bypass a non-coherent cache would make it a guarantee on every OpenCL
-GPU; they are not emitted yet (TVM's codegen dropped a ``volatile_scope`` attribute when
-tried). The barriers stand outside any condition (see :meth:`WorkspaceFixup.after_segment`).
+device-scope release/acquire: ``mem_fence`` orders a work-item's own accesses and atomics are
+the only inter-work-group synchronisation it defines. So on OpenCL the counter is an atomic, and
+32-bit partials (float32, int32 accumulators) are kept as int32 bit patterns (``as_int``) and
+read back with ``atomic_or(p, 0)``: an atomic read is served by the memory every work-group
+shares, never by a stale cache line. The partial stores stay plain stores followed by
+``mem_fence`` and the barrier before the arrival: atomic stores would give Oclgrind's
+uninitialised-value checker false reports (it treats an atomic exchange on never-written memory
+as a use of its old value) and cost every GPU an atomic per element. Other accumulator dtypes
+(float16, float64) are read with plain loads. An OpenCL C 2.0 ``atomic_work_item_fence(...,
+memory_scope_device)`` would make the store side a guarantee too; it needs OpenCL C 2.0 and is
+not emitted. The barriers stand outside any condition (see :meth:`WorkspaceFixup.after_segment`).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from .._compat import (
     BufferLoadNode,
     SBlock,
     SBlockRealize,
+    dtype_of,
     loaded_buffer,
     structural_equal,
     structural_map,
@@ -74,6 +78,8 @@ from ._ir import (
 from .fixup_atomic import atomic_add
 
 COND_FRAGMENT_SPLIT = "fragment-aligned-split"
+# Accumulator dtypes whose OpenCL partials go through 32-bit atomics (module docstring).
+_OPENCL_ATOMIC_SLOT_DTYPES = ("float32", "int32")
 
 
 def check(site: StreamKSite) -> None:
@@ -120,9 +126,14 @@ class WorkspaceFixup:
         self.active = grid is not None or bool(plan.split_tiles)
         self.slots_per_block = 1 if plan.policy == "split_k" else 2
         dtype = str(site.merged.dtype)
+        # OpenCL 1.2 orders memory between work-groups only through atomics: 32-bit partials
+        # travel as int32 bit patterns through atomic_xchg / atomic_or(.., 0).
+        self.atomic_slots = target.kind.name == "opencl" and dtype in _OPENCL_ATOMIC_SLOT_DTYPES
         blocks = plan.grid if grid is None else grid
         self.workspace = tirx.decl_buffer(
-            (blocks * self.slots_per_block, self.elems), dtype, name="sk_workspace"
+            (blocks * self.slots_per_block, self.elems),
+            "int32" if self.atomic_slots else dtype,
+            name="sk_workspace",
         )
         self.arrivals = tirx.decl_buffer((plan.tiles,), "int32", name="sk_arrivals")
         self.last = tirx.decl_buffer((1,), "int32", name="sk_last", scope="shared")
@@ -165,7 +176,7 @@ class WorkspaceFixup:
         if not self.active:
             return block
         slot = self._slot(seg.block, seg.index == 0)
-        partial = tirx.BufferStore(self.workspace, self.acc_load, [slot, self._linear(self.loops)])
+        partial = self._store_partial(slot, self._linear(self.loops), self.acc_load)
         return replace_block(
             block,
             body=tirx.IfThenElse(seg.full, block.body, partial),
@@ -282,11 +293,19 @@ class WorkspaceFixup:
             ]
         )
 
+    def _store_partial(self, slot, index, value) -> tirx.Stmt:
+        if self.atomic_slots and dtype_of(value) != "int32":
+            value = tirx.call_pure_extern("int32", "as_int", value)
+        return tirx.BufferStore(self.workspace, value, [slot, index])
+
     def _load_partial(self, slot, index) -> tirx.Expr:
         load = tirx.BufferLoad(self.workspace, [slot, index])
+        dtype = str(self.site.merged.dtype)
         if self.target.kind.name == "cuda":
-            dtype = str(self.site.merged.dtype)
             return tirx.call_extern(dtype, "__ldcg", tirx.address_of(load))
+        if self.atomic_slots:
+            bits = tirx.call_extern("int32", "atomic_or", tirx.address_of(load), int_imm(0))
+            return bits if dtype == "int32" else tirx.call_pure_extern(dtype, "as_float", bits)
         return load
 
     def prologue(self) -> tirx.Stmt | None:
