@@ -4,9 +4,9 @@ Oclgrind reports out-of-bounds accesses, barrier divergence, uninitialised value
 or control flow, and data races; :func:`tvm_streamk.pocl.oclgrind.check` fails on any report
 except the two documented inter-work-group hand-offs (its module docstring). The subset covers
 every policy x fix-up on the reference and dlight schedules at uneven shapes, a MetaSchedule
-sample, GEMV, batched GEMM and a fused fp16 epilogue; results are also checked against float64
-numpy (fp32 accumulation within 1e-5 relative to the largest output). Shapes are small: the
-simulator runs every work-item.
+sample (a smaller point of test_schedule_sources' space), GEMV, batched GEMM and a fused fp16
+epilogue; results are also checked against float64 numpy (fp32 accumulation within 1e-5
+relative to the largest output). Shapes are small: the simulator runs every work-item.
 """
 
 import numpy as np
@@ -21,7 +21,7 @@ from tvm_streamk._compat import dlight
 from tvm_streamk.pocl import oclgrind
 
 from .test_portability import A100, _dlight_matmul, _matmul_reference
-from .test_schedule_sources import MS_FUNC, MS_SMS, _update_block, ms_samples  # noqa: F401
+from .test_schedule_sources import MS_SMS, _update_block, meta_schedule_samples
 from .test_stream_k_numeric import _gemv_schedule
 
 pytestmark = pytest.mark.usefixtures("oclgrind")
@@ -70,12 +70,25 @@ def test_dlight_schedule(decision, fixup):
     assert error <= FP32_TOL
 
 
-@pytest.mark.slow  # about 200 s each: the sample's 192 x 128 x 256 GEMM, simulated
+# The MetaSchedule point of test_schedule_sources with the inner tiles cut to one: the same 128
+# threads and 3 x 2 tiles (of 8 x 16), 4 K-panels of 8, small enough to simulate.
+MS_SMALL_FUNC = workloads.gemm(24, 32, 32)
+MS_SMALL_DECISIONS = ([3, 1, 8, 1, 1], [2, 1, 16, 1, 1], [4, 2, 4])
+
+
+@pytest.fixture(scope="module")
+def small_ms_sample():
+    samples = meta_schedule_samples(MS_SMALL_FUNC, MS_SMALL_DECISIONS)
+    assert 0 in samples, f"no valid sample without pipelining: {list(samples)}"
+    return samples[0]
+
+
 @pytest.mark.parametrize("fixup", ["atomic", "workspace"])
-def test_meta_schedule_sample(ms_samples, fixup):  # noqa: F811
-    sch = ms_samples[0].copy()
-    tvm_streamk.stream_k(sch, _update_block(sch), num_sms=MS_SMS, fixup=fixup, target=H100)
-    error, _ = _checked(sch.mod, MS_FUNC)
+def test_meta_schedule_sample(small_ms_sample, fixup):
+    sch = small_ms_sample.copy()
+    plan = tvm_streamk.stream_k(sch, _update_block(sch), num_sms=MS_SMS, fixup=fixup, target=H100)
+    assert (plan.tiles, plan.panels) == (6, 4) and plan.split_tiles
+    error, _ = _checked(sch.mod, MS_SMALL_FUNC)
     assert error <= FP32_TOL
 
 

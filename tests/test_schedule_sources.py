@@ -153,17 +153,17 @@ def _pipeline_depth(sch: Schedule) -> int:
     return depth[0]
 
 
-@pytest.fixture(scope="module")
-def ms_samples() -> dict[int, Schedule]:
-    """MultiLevelTiling's design spaces for the H100 tag at the chosen point, stock postprocs
-    applied, keyed by software-pipeline depth (the sm_90 space has 0-, 2- and 3-stage variants)."""
+def meta_schedule_samples(func, decisions) -> dict[int, Schedule]:
+    """MultiLevelTiling's design spaces of ``func`` for the H100 tag at the point ``decisions``
+    (one per SamplePerfectTile), stock postprocs applied, keyed by software-pipeline depth (the
+    sm_90 space has 0-, 2- and 3-stage variants)."""
     rules = [
         rule
         for rule in ms.ScheduleRule.create("cuda")
         if isinstance(rule, ms.schedule_rule.MultiLevelTiling)
     ]
     context = ms.TuneContext(
-        mod=tvm.IRModule({"main": MS_FUNC}),
+        mod=tvm.IRModule({"main": func}),
         target=H100,
         space_generator=ms.space_generator.PostOrderApply(
             sch_rules=rules, postprocs="cuda", mutator_probs={}
@@ -175,16 +175,21 @@ def ms_samples() -> dict[int, Schedule]:
     for space in context.generate_design_space():
         trace = space.trace
         tiles = [inst for inst in trace.insts if inst.kind.name == "SamplePerfectTile"]
-        assert len(tiles) == len(MS_TILE_DECISIONS)
-        for inst, decision in zip(tiles, MS_TILE_DECISIONS):
+        assert len(tiles) == len(decisions)
+        for inst, decision in zip(tiles, decisions):
             trace = trace.with_decision(inst, decision, remove_postproc=True)
-        sch = Schedule(MS_FUNC)
+        sch = Schedule(func)
         trace.apply_to_schedule(sch, remove_postproc=True)
         # RewriteReductionBlock decomposes the reduction, RewriteCooperativeFetch binds the
         # shared-memory copies to threads, VerifyGPUCode checks the H100 tag's limits.
         if all(postproc.apply(sch) for postproc in context.space_generator.postprocs):
             samples.setdefault(_pipeline_depth(sch), sch)
     return samples
+
+
+@pytest.fixture(scope="module")
+def ms_samples() -> dict[int, Schedule]:
+    return meta_schedule_samples(MS_FUNC, MS_TILE_DECISIONS)
 
 
 @pytest.mark.parametrize("depth", [0, 2], ids=["plain", "pipelined-2-stages"])
