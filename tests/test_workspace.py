@@ -137,6 +137,23 @@ def test_workspace_is_sized_for_the_split_tiles():
     assert fix.workspace_bytes == 4 * 2 * 32 * 32 * 4 + 4 * plan.tiles
 
 
+def test_a_hybrid_keeps_counters_for_its_stream_k_tiles_only():
+    # 5 x 53 = 265 tiles on 132 SMs: two full waves would leave one tile, so the two-tile hybrid
+    # walks 133 tiles Stream-K style and 132 data-parallel; only the 133 need counters.
+    func = workloads.gemm(160, 53 * 32, 64)
+    sch, plan = _schedule(func, num_sms=132, policy="hybrid", variant="two_tile")
+    assert (plan.tiles, plan.stream_k_tiles(), plan.counter_tiles) == (265, 133, 133)
+    lowered = tvm_streamk.lower(sch, OPENCL)["main"].script()
+    assert 'sk_arrivals = T.sblock_alloc_buffer((133,), "int32")' in lowered
+    assert workloads.relative_error(*_run_checked(func, sch)) <= FP32_TOL
+
+
+def _run_checked(func, sch):
+    args = workloads.random_args(func)
+    out = pocl.run(sch.mod, *args, pipeline="tvm_streamk")[-1]
+    return out, workloads.reference(func, args)
+
+
 @pytest.mark.parametrize("in_dtype", ["float32", "int8"])
 def test_opencl_reads_other_blocks_partials_atomically(in_dtype):
     # OpenCL 1.2 orders memory across work-groups only through atomics: 32-bit partials are int32

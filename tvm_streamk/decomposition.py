@@ -239,6 +239,24 @@ class Plan:
         """``TOTAL = tiles * panels``, the flattened iteration count."""
         return self.tiles * self.panels
 
+    @property
+    def counter_tiles(self) -> int:
+        """Tiles the workspace fix-up keeps an arrival counter for: every tile that can be split,
+        which for a hybrid are its Stream-K tiles ``[0, SK)`` (its data-parallel tiles are
+        always whole)."""
+        return self.stream_k_tiles() if self.policy == "hybrid" else self.tiles
+
+    @property
+    def slots_per_block(self) -> int:
+        """Partial-tile slots of the workspace fix-up per block: two, as only a block's first
+        and last segment can be partial; one for split-K, whose blocks run one segment."""
+        return 1 if self.policy == "split_k" else 2
+
+    @property
+    def workspace_slots(self) -> int:
+        """Partial-tile slots of the workspace fix-up in all (0 when no tile is split)."""
+        return self.grid * self.slots_per_block if self.split_tiles else 0
+
     def largest_intermediate(self, grid: int | None = None) -> int:
         """An upper bound of every value the closed forms compute, intermediates included.
 

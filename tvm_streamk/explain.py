@@ -309,14 +309,8 @@ def _slots(p: Plan) -> int | None:
 
 
 def workspace_slots(p: Plan) -> int:
-    """Partial-tile slots the workspace fix-up allocates for ``p`` (0 when no tile is split).
-
-    Mirrors :class:`tvm_streamk.transform.fixup_workspace.WorkspaceFixup`: two slots per block
-    (only a block's first and last segment can be partial), one per block for split-K.
-    """
-    if not p.split_tiles:
-        return 0
-    return p.grid * (1 if p.policy == "split_k" else 2)
+    """Partial-tile slots the workspace fix-up allocates for ``p``: :attr:`Plan.workspace_slots`."""
+    return p.workspace_slots
 
 
 def _fixup_bytes(p: Plan, fixup: str, tile_elems: int, acc_bytes: int, out_bytes: int):
@@ -325,7 +319,7 @@ def _fixup_bytes(p: Plan, fixup: str, tile_elems: int, acc_bytes: int, out_bytes
         return 0, 0
     if fixup == "atomic":
         return 0, len(p.split_tiles) * tile_elems * out_bytes
-    counters = _COUNTER_BYTES * p.tiles
+    counters = _COUNTER_BYTES * p.counter_tiles
     return workspace_slots(p) * tile_elems * acc_bytes + counters, counters
 
 

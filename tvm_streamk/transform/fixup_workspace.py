@@ -124,18 +124,17 @@ class WorkspaceFixup:
         self.elems = math.prod(int(loop.extent) for loop in self.loops)
         self.acc_load = _accumulator_load(self.writeback, site.merged)
         self.active = grid is not None or bool(plan.split_tiles)
-        self.slots_per_block = 1 if plan.policy == "split_k" else 2
         dtype = str(site.merged.dtype)
         # OpenCL 1.2 orders memory between work-groups only through atomics: 32-bit partials
         # travel as int32 bit patterns through atomic_xchg / atomic_or(.., 0).
         self.atomic_slots = target.kind.name == "opencl" and dtype in _OPENCL_ATOMIC_SLOT_DTYPES
         blocks = plan.grid if grid is None else grid
         self.workspace = tirx.decl_buffer(
-            (blocks * self.slots_per_block, self.elems),
+            (blocks * plan.slots_per_block, self.elems),
             "int32" if self.atomic_slots else dtype,
             name="sk_workspace",
         )
-        self.arrivals = tirx.decl_buffer((plan.tiles,), "int32", name="sk_arrivals")
+        self.arrivals = tirx.decl_buffer((plan.counter_tiles,), "int32", name="sk_arrivals")
         self.last = tirx.decl_buffer((1,), "int32", name="sk_last", scope="shared")
         # ThreadSync refuses shared loads in branch conditions: branch on a register copy.
         self.is_last = tirx.decl_buffer((1,), "int32", name="sk_is_last", scope="local")
@@ -155,7 +154,7 @@ class WorkspaceFixup:
         if not self.active:
             return 0
         slot_bytes = self.elems * tvm.DataType(str(self.site.merged.dtype)).bits // 8
-        return self.plan.grid * self.slots_per_block * slot_bytes + 4 * self.plan.tiles
+        return self.plan.workspace_slots * slot_bytes + 4 * self.plan.counter_tiles
 
     def _linear(self, loops) -> tirx.Expr:
         """This thread's element of the tile: the write-back loop nest, flattened."""
@@ -165,7 +164,7 @@ class WorkspaceFixup:
         return index
 
     def _slot(self, block, first_segment) -> tirx.Expr:
-        if self.slots_per_block == 1:
+        if self.plan.slots_per_block == 1:
             return block
         return block * 2 + tirx.Select(
             first_segment, int_imm(0, str(block.ty)), int_imm(1, str(block.ty))
@@ -313,7 +312,7 @@ class WorkspaceFixup:
         if not self.active:
             return None
         threads = 128
-        tiles = self.plan.tiles
+        tiles = self.plan.counter_tiles
         dtype = self.site.index_dtype
         b, t = var("sk_count_block", dtype), var("sk_count_thread", dtype)
         index = b * threads + t
