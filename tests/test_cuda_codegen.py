@@ -196,3 +196,25 @@ def test_every_policy_keeps_the_data_parallel_footprint(kwargs, data_parallel_fo
     )
     shared_bytes = sum(4 * n for _, _, n in of_scope(allocations, "shared").values())
     assert shared_bytes <= int(target.attrs["max_shared_memory_per_block"])
+
+
+@pytest.mark.parametrize("policy", ["stream_k", "hybrid"])
+def test_workspace_hand_off_fences_only_in_the_leader(policy):
+    # CUTLASS's barrier.h protocol: block barrier, then the leader fences, arrives and fences;
+    # every thread used to fence twice per partial segment.
+    target = tvm.target.Target("nvidia/nvidia-h100")
+    sch = workloads.reference_schedule(workloads.gemm(M, N, K), bm=64, bn=64, bk=16)
+    plan = tvm_streamk.stream_k(
+        sch, "C_update", num_sms=5, policy=policy, fixup="workspace", target=target
+    )
+    assert plan.split_tiles
+    source = tvm.compile(sch.mod, target=target, tir_pipeline="tvm_streamk").mod.imports[0]
+    lines = source.inspect_source().splitlines()
+    fences = [i for i, line in enumerate(lines) if "__threadfence()" in line]
+    arrivals = [i for i, line in enumerate(lines) if "atomicAdd" in line and "sk_arrivals" in line]
+    assert fences and len(fences) == 2 * len(arrivals)
+    for arrival in arrivals:
+        # The leader's branch: fence, arrival, fence, directly under its threadIdx == 0 guard.
+        assert {arrival - 1, arrival + 1} <= set(fences)
+        assert "((int)threadIdx.x) == 0)" in lines[arrival - 2]
+    assert _nvcc(source.inspect_source(), target, "cubin")

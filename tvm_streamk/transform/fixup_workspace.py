@@ -16,20 +16,24 @@ in one module do not share state. Slots: two per block (its first and last segme
 partial; the segments between are whole tiles), one per block for split-K.
 
 Ordering (the hand-off argument). Writer side, per partial segment: every thread stores its
-part of the partial tile, then fences global memory (``__threadfence`` on CUDA,
-``mem_fence(CLK_GLOBAL_MEM_FENCE)`` on OpenCL), then the block meets at a barrier; only then
-does one thread add the segment's panel count to the tile's counter with an atomic. So every
-partial store of the block is ordered before its arrival. Reader side: the thread whose atomic
+part of the partial tile; the block meets at a barrier; then one thread (the leader) fences
+global memory and adds the segment's panel count to the tile's counter with an atomic. So every
+partial store of the block is ordered before its arrival. Reader side: the leader whose atomic
 returns the count that completes ``panels`` knows every other peer's arrival came first; it
-publishes that through shared memory and a second barrier, every thread fences again and then
+fences, publishes the verdict through shared memory and a second barrier, and then every thread
 reads the other peers' slots. No block ever waits for another (no spin), so there is no
 deadlock whatever the scheduling, and the counters and slots are this call's own.
 
-How far each target guarantees it: on CUDA the fences are device-scope (sequentially
-consistent) and the reads of other blocks' partials use ``__ldcg``, which bypasses the
+How far each target guarantees it. CUDA (CUTLASS's ``barrier.h`` protocol): ``__threadfence``
+is a device-scope fence.sc, and PTX fences are cumulative: the stores other threads made before
+``__syncthreads`` are ordered by the leader's fence too, as are the reads they make after the
+second barrier by the leader's fence after its atomic; so only the leader fences, twice per
+partial segment. The reads of other blocks' partials use ``__ldcg``, which bypasses the
 non-coherent L1 that could hold a stale line from an earlier call. OpenCL 1.2 has no
-device-scope release/acquire: ``mem_fence`` orders a work-item's own accesses and atomics are
-the only inter-work-group synchronisation it defines. So on OpenCL the counter is an atomic, and
+device-scope release/acquire and its ``mem_fence`` orders only the calling work-item's own
+accesses, so there every thread fences before the first barrier (partial segments) and after
+the second (the last arriver), and atomics are the only inter-work-group synchronisation it
+defines. So on OpenCL the counter is an atomic, and
 32-bit partials (float32, int32 accumulators) are kept as int32 bit patterns (``as_int``) and
 read back with ``atomic_or(p, 0)``: an atomic read is served by the memory every work-group
 shares, never by a stale cache line. The partial stores stay plain stores followed by
@@ -192,6 +196,13 @@ class WorkspaceFixup:
         arrive_body = tirx.BufferStore(
             self.last, tirx.Cast("int32", old + covered == panels), [int_imm(0)]
         )
+        # CUDA's fences are cumulative, so the leader's release fence after the block barrier
+        # covers every thread's partial stores and its acquire fence before the next barrier
+        # covers every thread's reads (CUTLASS's barrier.h); OpenCL's mem_fence orders only the
+        # calling work-item's accesses, so there every thread fences (module docstring).
+        leader_fences = self.target.kind.name == "cuda"
+        if leader_fences:
+            arrive_body = seq([fence(self.target), arrive_body, fence(self.target)])
         partial = tirx.Not(seg.full)
         threads = [lp for lp in self.loops if _tag(lp).startswith("threadIdx")]
         leader = partial
@@ -282,12 +293,12 @@ class WorkspaceFixup:
         # work-items), so the kernel does not rely on every compiler getting that right.
         return seq(
             [
-                tirx.IfThenElse(partial, fence(self.target), None),
+                None if leader_fences else tirx.IfThenElse(partial, fence(self.target), None),
                 storage_sync(),
                 fresh_definitions(arrive),
                 storage_sync(),
                 read_last,
-                tirx.IfThenElse(is_last, fence(self.target), None),
+                None if leader_fences else tirx.IfThenElse(is_last, fence(self.target), None),
                 fresh_definitions(finish_nest),
             ]
         )
