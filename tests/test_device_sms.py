@@ -1,10 +1,12 @@
 """``num_sms="device"``: one build whose grid comes from the device's multiprocessor count."""
 
+import re
+
 import pytest
 import tvm
 
 import tvm_streamk
-from tvm_streamk import pocl, workloads
+from tvm_streamk import decomposition, pocl, workloads
 from tvm_streamk._compat import split_host_device_mods
 from tvm_streamk.errors import StreamKError
 from tvm_streamk.pocl import lowering as pocl_lowering
@@ -37,23 +39,75 @@ def test_host_reads_the_multiprocessor_count():
 
 @pytest.mark.usefixtures("opencl")
 @pytest.mark.parametrize("units", [1, 3, 7])
-def test_one_build_fits_any_multiprocessor_count(units, monkeypatch):
-    func, sch = _schedule()
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"fixup": "atomic"}, {"fixup": "workspace"}, {"deterministic": True}],
+    ids=["atomic", "workspace", "deterministic"],
+)
+def test_one_build_fits_any_multiprocessor_count(units, kwargs, monkeypatch):
+    func, sch = _schedule(**kwargs)
     monkeypatch.setattr(pocl_lowering, "compute_units", lambda: units)
     kernel = pocl.compile(sch.mod, pipeline="tvm_streamk")
-    grids = {launch.grid[0] for launch in kernel.launches}
-    assert grids == {units}
+    # The persistent kernel reads A and B; a zero prologue (of C or of the counters) does not.
+    persistent = [launch for launch in kernel.launches if len(launch.args) > 3]
+    assert {launch.grid[0] for launch in persistent} == {units}
     args = workloads.random_args(func)
     out = kernel.run(*args)[-1]
     assert workloads.relative_error(out, workloads.reference(func, args)) <= 1e-5
+
+
+@pytest.mark.usefixtures("opencl")
+def test_the_workspace_is_sized_for_the_largest_run_time_grid(monkeypatch):
+    """More compute units than the bound: the grid stops at the bound, the slots fit it."""
+    func, sch = _schedule(M=64, N=64, K=8, fixup="workspace", blocks_per_sm=1)
+    monkeypatch.setattr(decomposition, "MAX_RUNTIME_SMS", 3)
+    monkeypatch.setattr(pocl_lowering, "compute_units", lambda: 5)
+    kernel = pocl.compile(sch.mod, pipeline="tvm_streamk")
+    persistent = [launch for launch in kernel.launches if len(launch.args) > 3]
+    assert {launch.grid[0] for launch in persistent} == {3}
+    args = workloads.random_args(func)
+    out = kernel.run(*args)[-1]
+    assert workloads.relative_error(out, workloads.reference(func, args)) <= 1e-5
+
+
+# A declaration: `__shared__ alignas(64) float A_shared_ptr[256];` (CUDA), `__local float ...`.
+ARRAY = re.compile(
+    r"^\s*(?:__shared__\s+|__local\s+)?(?:alignas\(\d+\)\s+)?\w+\s+(\w+)_ptr\[(\d+)\];", re.M
+)
+
+
+def _arrays(mod, target) -> dict:
+    """Fixed-size arrays (registers, shared memory) the device source declares, per name."""
+    lib = tvm.compile(mod, target=target, tir_pipeline="tvm_streamk")
+    source = lib.mod.imports[0].inspect_source()
+    return {name: int(size) for name, size in ARRAY.findall(source)}
+
+
+# Realistic shapes: 532 and 64 tiles of 32 x 32 (the tiny CI shape used to be the only one whose
+# per-block buffers were tile-sized), and a square 2048 GEMM.
+SHAPES = [(448, 1216, 4096), (256, 256, 256), (2048, 2048, 2048)]
+
+
+@pytest.mark.parametrize("target", [H100, OPENCL], ids=["cuda", "opencl"])
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_per_block_buffers_are_sized_by_the_tile(shape, fixup, target):
+    """The run-time grid declares the same per-block buffers as a grid fixed at compile time."""
+    _, runtime = _schedule(*shape, fixup=fixup, target=target)
+    fixed = workloads.reference_schedule(workloads.gemm(*shape))
+    tvm_streamk.stream_k(fixed, "C_update", num_sms=132, fixup=fixup, target=target)
+    found = _arrays(runtime.mod, target)
+    assert found.pop("sk_grid_local") == 1
+    assert found == _arrays(fixed.mod, target)
+    tile = 32 * 32 // 64  # each of the 64 threads holds 4 x 4 accumulators
+    assert found["C_local"] == tile
 
 
 @pytest.mark.parametrize(
     "kwargs, found",
     [
         ({"policy": "hybrid"}, "policy='hybrid'"),
-        ({"fixup": "workspace"}, "workspace fix-up"),
-        ({"deterministic": True}, "workspace fix-up"),
+        ({"policy": "split_k"}, "policy='split_k'"),
     ],
 )
 def test_refusals(kwargs, found):

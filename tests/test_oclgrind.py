@@ -18,6 +18,7 @@ from tvm.script import tirx as T
 import tvm_streamk
 from tvm_streamk import workloads
 from tvm_streamk._compat import dlight
+from tvm_streamk.pocl import lowering as pocl_lowering
 from tvm_streamk.pocl import oclgrind
 
 from .test_portability import A100, _dlight_matmul, _matmul_reference
@@ -67,6 +68,18 @@ def test_dlight_schedule(decision, fixup):
     sch = Schedule(func)
     tvm_streamk.stream_k(sch, _update_block(sch), num_sms=3, fixup=fixup, target=A100, **decision)
     error, _ = _checked(sch.mod, func, _matmul_reference)
+    assert error <= FP32_TOL
+
+
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+def test_run_time_grid(fixup, monkeypatch):
+    # The grid read from the device (3 compute units): its register copy, the even split and the
+    # peers of the workspace fix-up all evaluated on it.
+    monkeypatch.setattr(pocl_lowering, "compute_units", lambda: 3)
+    func = workloads.gemm(33, 64, 40)  # 2 x 2 tiles (a predicated row) of 5 panels
+    sch = workloads.reference_schedule(func)
+    tvm_streamk.stream_k(sch, "C_update", num_sms="device", fixup=fixup, target=OPENCL)
+    error, _ = _checked(sch.mod, func)
     assert error <= FP32_TOL
 
 

@@ -13,6 +13,7 @@ import tvm
 
 import tvm_streamk
 from tvm_streamk import pocl, workloads
+from tvm_streamk._compat import split_host_device_mods
 
 from .test_stream_k_numeric import CASES, FP32_TOL
 
@@ -173,3 +174,66 @@ def test_opencl_reads_other_blocks_partials_atomically(in_dtype):
         assert np.array_equal(out, ref.astype(np.int64))
     else:
         assert workloads.relative_error(out, ref) <= FP32_TOL
+
+
+ALLOC = re.compile(r"(\w+) = T\.decl_buffer\(.*TVMBackendAllocWorkspace")
+LAUNCH = re.compile(r'T\.call_packed_lowered\("(main_kernel\w*)"')
+FREE = re.compile(r"TVMBackendFreeWorkspace\(\w+, \w+, (\w+)\.data\)")
+
+
+@pytest.mark.parametrize(
+    "fixup, expected",
+    [
+        ("atomic", ["launch main_kernel", "launch main_kernel_1"]),
+        (
+            "workspace",
+            [
+                "alloc sk_arrivals",
+                "alloc sk_workspace",
+                "launch main_kernel",
+                "launch main_kernel_1",
+                "free sk_workspace",
+                "free sk_arrivals",
+            ],
+        ),
+    ],
+)
+def test_every_cuda_call_takes_zeroes_and_frees_its_own_state(fixup, expected):
+    """What the README says of streams, read from the CUDA host function: the state comes from
+    TVM's workspace pool within the call, the zeroing kernel (of C or of the counters) is launched
+    before the persistent kernel on the same stream, and the state returns to the pool right
+    after the launches, while the kernels may still run."""
+    h100 = tvm.target.Target("nvidia/nvidia-h100")
+    sch = workloads.reference_schedule(workloads.gemm(96, 96, 40))
+    tvm_streamk.stream_k(sch, "C_update", num_sms=4, fixup=fixup, target=h100)
+    mod = tvm.tirx.transform.BindTarget(h100.with_host("llvm"))(sch.mod)
+    pipeline, finalize_host, _ = tvm.tirx.get_tir_pipeline("tvm_streamk")
+    host, _ = split_host_device_mods(pipeline(mod))
+    steps = []
+    for line in finalize_host()(host).script().splitlines():
+        for kind, pattern in (("alloc", ALLOC), ("launch", LAUNCH), ("free", FREE)):
+            if m := pattern.search(line):
+                steps.append(f"{kind} {m.group(1)}")
+    assert steps == expected
+
+
+def test_workspace_slots_are_coalesced():
+    """A warp's threads store and read consecutive words of a slot: ``threadIdx.x`` is the
+    innermost term of every workspace index, ``threadIdx.y`` strides by the block's width (8),
+    the write-back's own loops stride by the 64 threads."""
+    h100 = tvm.target.Target("nvidia/nvidia-h100")
+    sch = workloads.reference_schedule(workloads.gemm(448, 1216, 4096))
+    tvm_streamk.stream_k(sch, "C_update", num_sms=132, fixup="workspace", target=h100)
+    source = tvm.compile(sch.mod, target=h100, tir_pipeline="tvm_streamk").mod.imports[0]
+    text = source.inspect_source()
+    accesses = []
+    for start in (m.end() for m in re.finditer(r"sk_workspace_ptr\[", text)):
+        depth, end = 1, start
+        while depth:
+            depth += {"[": 1, "]": -1}.get(text[end], 0)
+            end += 1
+        accesses.append(text[start : end - 1])
+    assert len(accesses) == 2, accesses  # the partial's store and the last arriver's read
+    for index in accesses:
+        assert index.endswith("+ ((int)threadIdx.x))"), index
+        assert "(((int)threadIdx.y) * 8)" in index and "* 64)" in index, index

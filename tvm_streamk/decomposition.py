@@ -51,6 +51,7 @@ __all__ = [
     "CONCRETE_POLICIES",
     "HYBRID_VARIANTS",
     "INT_OPS",
+    "MAX_RUNTIME_SMS",
     "POLICIES",
     "DecompositionError",
     "FixupLayout",
@@ -65,6 +66,10 @@ __all__ = [
 POLICIES = ("data_parallel", "split_k", "stream_k", "hybrid", "heuristic")
 CONCRETE_POLICIES = POLICIES[:-1]
 HYBRID_VARIANTS = ("one_tile", "two_tile")
+# A grid read from the device at run time (``num_sms="device"``) launches at most this many
+# SMs' worth of blocks: the kernel's index types and the workspace fix-up's slots are sized for
+# it at compile time. A larger GPU runs correctly with that many blocks per launch.
+MAX_RUNTIME_SMS = 256
 
 
 class DecompositionError(ValueError):
@@ -238,6 +243,11 @@ class Plan:
     def iterations(self) -> int:
         """``TOTAL = tiles * panels``, the flattened iteration count."""
         return self.tiles * self.panels
+
+    def runtime_grid_bound(self) -> int:
+        """The most blocks a grid read at run time launches: ``MAX_RUNTIME_SMS`` SMs' worth,
+        never more blocks than iterations."""
+        return min(MAX_RUNTIME_SMS * self.blocks_per_sm, self.iterations)
 
     @property
     def counter_tiles(self) -> int:

@@ -9,6 +9,7 @@ from . import cost_model, decomposition, gpus
 from ._compat import Schedule, target_tag
 from .analysis import StreamKSite, analyze_in_module
 from .errors import StreamKError
+from .legality import check_runtime_grid
 from .transform.fixup_atomic import atomic_dtype_error
 from .transform.lower_stream_k import check_fixup
 
@@ -68,10 +69,10 @@ def stream_k(
     num_sms : int or "device", optional
         Streaming multiprocessors of the GPU. Defaults to the table of known GPUs for the target
         (``target`` or the current target scope); an unknown GPU needs it explicitly.
-        ``"device"`` (``policy="stream_k"`` with the atomic fix-up) reads the count from the
-        device at run time: the host sizes the grid and the kernel takes its work split from the
-        launched grid, so one build fits any GPU. The returned plan is then the one for a
-        single SM.
+        ``"device"`` (``policy="stream_k"``, either fix-up) reads the count from the device at
+        run time: the host sizes the grid (at most ``decomposition.MAX_RUNTIME_SMS`` SMs' worth)
+        and the kernel takes its work split from the launched grid, so one build fits any GPU.
+        The returned plan is then the one for a single SM.
     blocks_per_sm : int
         Resident blocks per SM; the persistent grid is ``blocks_per_sm * num_sms``.
     fixup : str
@@ -149,17 +150,10 @@ def stream_k(
     site = _analyze(sch, block_rv)
     if fixup == "auto":
         fixup = "workspace" if deterministic else _auto_fixup(site, target)
-    if num_sms == "device" and fixup != "atomic":
-        raise StreamKError(
-            "num-sms",
-            f"num_sms='device' with the {fixup} fix-up",
-            "The run-time grid works with the atomic fix-up only (fp32/fp64/int32 accumulators "
-            "with a plain write-back); pass num_sms for the workspace fix-up.",
-        )
     check_fixup(site, fixup, target)
     device_mode = num_sms == "device"
     if device_mode:
-        _check_device_mode(site, policy)
+        check_runtime_grid(policy, site.fragment_accumulator)
         # Plan for one SM: the lowering evaluates the same closed forms on the run-time grid.
         sms = 1
     else:
@@ -196,22 +190,6 @@ def stream_k(
     for key, value in decision.as_annotations().items():
         sch.annotate(block_rv, key, value)
     return chosen
-
-
-def _check_device_mode(site: StreamKSite, policy: str) -> None:
-    if site.fragment_accumulator:
-        raise StreamKError(
-            "num-sms",
-            "num_sms='device' for a tensor-core fragment accumulator",
-            "The aligned split of fragments fixes its grid at compile time; pass num_sms.",
-        )
-    if policy != "stream_k":
-        raise StreamKError(
-            "num-sms",
-            f"num_sms='device' with policy={policy!r}",
-            "Only policy='stream_k' derives its work split from the run-time grid; pass "
-            "num_sms for the other policies.",
-        )
 
 
 def _aligned_plan(site: StreamKSite, sms: int, blocks_per_sm: int, policy: str, splits):

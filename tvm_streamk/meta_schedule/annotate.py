@@ -21,6 +21,7 @@ from .. import decomposition
 from .._compat import Schedule
 from ..analysis import StreamKSite, analyze_in_module, blocks_under
 from ..errors import StreamKError
+from ..legality import check_runtime_grid
 from ..transform.fixup_workspace import COND_FRAGMENT_SPLIT
 from ..transform.lower_stream_k import check_fixup, plan_for
 
@@ -141,7 +142,7 @@ def annotate_stream_k(
         The reduction block, under its ``blockIdx`` band.
     num_sms : int or "device"
         Streaming multiprocessors (or compute units) of the device: a fact, never sampled.
-        ``"device"`` reads the count at run time (stream_k with the atomic fix-up only).
+        ``"device"`` reads the count at run time (stream_k only).
     policy : str, int or ExprRV
         A name of :data:`POLICY_CHOICES`, or a policy code.
     blocks_per_sm, splits, group : int or ExprRV
@@ -253,15 +254,8 @@ def check_decision(site: StreamKSite, annotations, target) -> decomposition.Plan
             f"({site.panels} panels, splits={plan.splits})",
             "Fragments take only split_k with a split dividing the panel count.",
         )
-    if decision.num_sms == ann.DEVICE_SMS and (
-        plan.policy != "stream_k" or decision.fixup != "atomic" or site.fragment_accumulator
-    ):
-        raise StreamKError(
-            "num-sms",
-            f"num_sms read at run time with a {plan.policy} decision and the {decision.fixup} "
-            f"fix-up on block {where!r}",
-            "Only stream_k with the atomic fix-up takes its grid from the device.",
-        )
+    if decision.num_sms == ann.DEVICE_SMS:
+        check_runtime_grid(plan.policy, site.fragment_accumulator, where)
     return plan
 
 

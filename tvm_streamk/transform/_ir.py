@@ -211,10 +211,10 @@ INT32_MAX = 2**31 - 1
 
 def index_dtype(site, plan: decomposition.Plan, runtime_grid: bool = False) -> str:
     """The integer type of the closed forms: the band's own type unless the plan's largest
-    intermediate would wrap it (then int64). A run-time grid is bounded by the iterations."""
+    intermediate would wrap it (then int64), for a run-time grid at its largest."""
     if site.index_dtype == "int64":
         return "int64"
-    bound = plan.largest_intermediate(plan.iterations if runtime_grid else None)
+    bound = plan.largest_intermediate(plan.runtime_grid_bound() if runtime_grid else None)
     return "int64" if bound > INT32_MAX else site.index_dtype
 
 

@@ -10,10 +10,17 @@ and runs the original write-back, epilogue included (bias, activation, casts to 
 Memory. TVM gives a PrimFunc no device memory that persists across calls: buffers allocated by
 the function itself are taken from the runtime's workspace pool at each call, uninitialised. The
 workspace and the counters are such buffers, so the function zeroes the counters in a prologue
-kernel at every call (one int32 per tile); partial slots need no initialisation. Each call owns
-its buffers, so repeated launches, concurrent kernels of one model and several Stream-K kernels
-in one module do not share state. Slots: two per block (its first and last segment may be
-partial; the segments between are whole tiles), one per block for split-K.
+kernel at every call (one int32 per tile); partial slots need no initialisation. The pool and
+the stream are the calling host thread's, and the buffers go back to the pool once the kernels
+are launched: calls on one stream, or from different host threads, never share state; calls
+from one thread on two unsynchronised streams can (the README's "Streams" paragraph).
+
+Slots: two per block (its first and last segment may be partial; the segments between are
+whole tiles), one per block for split-K; a grid read at run time gets the slots of the largest
+grid it launches. A slot holds the tile with the
+write-back's thread loops innermost, so a warp stores and reads consecutive words. The last
+arriver reads its own partial back like the others' (from L2, just written): keeping it in the
+accumulator across the hand-off costs far more registers (measured with ptxas).
 
 Ordering (the hand-off argument). Writer side, per partial segment: every thread stores its
 part of the partial tile; the block meets at a barrier; then one thread (the leader) fences
@@ -132,7 +139,8 @@ class WorkspaceFixup:
         # OpenCL 1.2 orders memory between work-groups only through atomics: 32-bit partials
         # travel as int32 bit patterns through atomic_xchg / atomic_or(.., 0).
         self.atomic_slots = target.kind.name == "opencl" and dtype in _OPENCL_ATOMIC_SLOT_DTYPES
-        blocks = plan.grid if grid is None else grid
+        # A run-time grid gets slots for the largest grid it can launch.
+        blocks = plan.grid if grid is None else plan.runtime_grid_bound()
         self.workspace = tirx.decl_buffer(
             (blocks * plan.slots_per_block, self.elems),
             "int32" if self.atomic_slots else dtype,
@@ -161,9 +169,17 @@ class WorkspaceFixup:
         return self.plan.workspace_slots * slot_bytes + 4 * self.plan.counter_tiles
 
     def _linear(self, loops) -> tirx.Expr:
-        """This thread's element of the tile: the write-back loop nest, flattened."""
+        """This thread's element of its slot: the write-back's loops flattened with the thread
+        loops innermost (``threadIdx.x`` last), so the threads of a warp store and read
+        consecutive words whatever order the write-back walks its elements in."""
+        threads = sorted(
+            (lp for lp in loops if _tag(lp).startswith("threadIdx")),
+            key=lambda lp: _tag(lp),
+            reverse=True,
+        )
+        ordered = [lp for lp in loops if not _tag(lp).startswith("threadIdx")] + threads
         index = int_imm(0, str(loops[0].loop_var.ty)) if loops else int_imm(0)
-        for loop in loops:
+        for loop in ordered:
             index = index * int(loop.extent) + loop.loop_var
         return index
 
@@ -225,6 +241,9 @@ class WorkspaceFixup:
             peer = plan.peer_block(seg.tile, p, TIR_OPS, self.grid)
             peer_lo, _ = plan.block_range(peer, 0, TIR_OPS, self.grid)
             slot = self._slot(peer, tirx.floordiv(peer_lo, panels) == seg.tile)
+            # The last arriver reads its own partial back too (from L2, just written) rather than
+            # from its accumulator: keeping the accumulator live across the hand-off took dlight's
+            # hybrid on sm_90 from 64 registers to 255 and 728 bytes of spills (ptxas -v).
             partial = self._load_partial(slot, self._linear(self.loops))
             zero = [int_imm(0)]
             total = tirx.BufferLoad(self.sum, zero)

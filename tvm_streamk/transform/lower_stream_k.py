@@ -31,6 +31,7 @@ from .. import decomposition
 from .._compat import SBlock, SBlockRealize, dtype_of, structural_map
 from ..analysis import StreamKSite, analyze, blocks_under
 from ..errors import StreamKError
+from ..legality import check_runtime_grid
 from . import device_sms
 from ._ir import (
     Segment,
@@ -128,21 +129,7 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
         tile_body = localize_accumulator(tile_body, site)
     device_grid = None
     if decision.num_sms == ann.DEVICE_SMS:
-        if plan.policy != "stream_k":
-            raise StreamKError(
-                "num-sms",
-                f"num_sms='device' with a {plan.policy} decision",
-                "Only the stream_k policy takes its grid from the device at run time.",
-            )
-        if decision.fixup != "atomic":
-            # TVM hoists the workspace allocation above the grid's binding; a run-time grid
-            # would need a run-time sized workspace.
-            raise StreamKError(
-                "num-sms",
-                f"num_sms='device' with the {decision.fixup} fix-up",
-                "The run-time grid works with the atomic fix-up only; pass num_sms for the "
-                "workspace fix-up.",
-            )
+        check_runtime_grid(plan.policy, site.fragment_accumulator, block_name)
         device_grid = var("sk_grid", index_dtype(site, plan, runtime_grid=True))
     fixup = make_fixup(site, plan, decision, target, tile_body, device_grid)
     # Scratch buffers (shared, registers) a second copy of the tile body must not share.
@@ -156,10 +143,7 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
         )
     nests = [fixup.prologue(), main]
     if device_grid is not None:
-        # One block per resident slot of the device, never more blocks than iterations.
-        slots = device_sms.placeholder() * decision.blocks_per_sm
-        grid_value = tirx.min(cast_to(dtype_of(device_grid), slots), plan.iterations)
-        nests.insert(0, tirx.Bind(device_grid, grid_value))
+        nests = [_bind_runtime_grid(device_grid, plan, decision, seq(nests))]
     band_var = site.band[0].loop_var
 
     def swap_band(loop: tirx.For):
@@ -173,6 +157,50 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
         alloc_buffers=[*root.alloc_buffers, *fixup.buffers, *copies],
     )
     return func.with_body(SBlockRealize(root_realize.iter_values, root_realize.predicate, new_root))
+
+
+def _bind_runtime_grid(grid: tirx.Var, plan, decision, body: tirx.Stmt) -> tirx.Stmt:
+    """``body`` with ``grid`` read from the device: one block per resident slot, never more
+    than the plan's run-time bound.
+
+    The host binds the count and launches that many blocks. Each kernel reads it back through a
+    one-element register buffer rather than using the host's variable: TVM's region analysis
+    (``CompactBufferAllocation``) follows a ``Bind`` to its value and cannot bound the call in
+    it, so every per-block buffer would be sized for the whole matrix. A buffer load is a value
+    it keeps symbolic, and the buffer is declared through a view of its storage, which keeps
+    the compaction from replacing it (its offsets into the other buffers name the load).
+    """
+    dtype = dtype_of(grid)
+    slots = cast_to(dtype, device_sms.placeholder() * decision.blocks_per_sm)
+    zero = int_imm(0)
+
+    def kernel(loop: tirx.For):
+        if loop.kind != tirx.ForKind.THREAD_BINDING or not loop.extent.same_as(grid):
+            return loop
+        storage = tirx.decl_buffer((1,), dtype, "sk_grid_local", scope="local")
+        view = tirx.decl_buffer((1,), dtype, "sk_grid_view", scope="local")
+        inner = var("sk_num_blocks", dtype)
+        kernel_body = seq(
+            [
+                tirx.AllocBuffer(storage),
+                tirx.DeclBuffer(view, data=storage.data),
+                tirx.BufferStore(storage, grid, [zero]),
+                tirx.Bind(inner, tirx.BufferLoad(view, [zero])),
+                structural_map(loop.body, (tirx.Var, lambda v: inner if v.same_as(grid) else v)),
+            ]
+        )
+        return tirx.For(
+            loop.loop_var,
+            loop.min,
+            loop.extent,
+            loop.kind,
+            kernel_body,
+            loop.thread_binding,
+            loop.annotations,
+        )
+
+    bound = int_imm(plan.runtime_grid_bound(), dtype)
+    return seq([tirx.Bind(grid, tirx.min(slots, bound)), structural_map(body, (tirx.For, kernel))])
 
 
 def _persistent_nest(
