@@ -55,8 +55,8 @@ def expected_stream_k(A: T.Buffer((64, 24), "float32"), B: T.Buffer((24, 48), "f
                             vi = T.axis.spatial(64, i_0 * 32 + i_1 * 4 + i_2_init)
                             vj = T.axis.spatial(48, j_0 * 16 + j_1 * 4 + j_2_init)
                             T.reads()
-                            T.writes(C_local[vi - 32 * i_0, vj - 16 * j_0])
-                            C_local[vi - 32 * i_0, vj - 16 * j_0] = T.float32(0.0)
+                            T.writes(C_local[vi - i_0 * 32, vj - j_0 * 16])
+                            C_local[vi - i_0 * 32, vj - j_0 * 16] = T.float32(0.0)
                     for k_0_sk in range(sk_k_end - sk_k_begin):
                         for ax0_ax1_fused_0 in range(8):
                             for ax0_ax1_fused_1 in T.thread_binding(8, thread="threadIdx.y"):
@@ -81,19 +81,19 @@ def expected_stream_k(A: T.Buffer((64, 24), "float32"), B: T.Buffer((24, 48), "f
                                 vi = T.axis.spatial(64, i_0 * 32 + i_1 * 4 + i_2)
                                 vj = T.axis.spatial(48, j_0 * 16 + j_1 * 4 + j_2)
                                 vk = T.axis.reduce(24, (k_0_sk + sk_k_begin) * 8 + k_1)
-                                T.reads(C_local[vi - 32 * i_0, vj - 16 * j_0], A_shared[vi, vk], B_shared[vk, vj])
-                                T.writes(C_local[vi - 32 * i_0, vj - 16 * j_0])
-                                C_local[vi - 32 * i_0, vj - 16 * j_0] = C_local[vi - 32 * i_0, vj - 16 * j_0] + T.Cast("float32", A_shared[vi, vk]) * T.Cast("float32", B_shared[vk, vj])
+                                T.reads(C_local[vi - i_0 * 32, vj - j_0 * 16], A_shared[vi, vk], B_shared[vk, vj])
+                                T.writes(C_local[vi - i_0 * 32, vj - j_0 * 16])
+                                C_local[vi - i_0 * 32, vj - j_0 * 16] = C_local[vi - i_0 * 32, vj - j_0 * 16] + T.Cast("float32", A_shared[vi, vk]) * T.Cast("float32", B_shared[vk, vj])
                     for ax0, ax1 in T.grid(4, 4):
                         with T.sblock("C_local"):
                             v0 = T.axis.spatial(64, i_0 * 32 + i_1 * 4 + ax0)
                             v1 = T.axis.spatial(48, j_0 * 16 + j_1 * 4 + ax1)
-                            T.reads(C_local[v0 - 32 * i_0, v1 - 16 * j_0])
+                            T.reads(C_local[v0 - i_0 * 32, v1 - j_0 * 16])
                             T.writes(C[v0, v1])
                             if sk_full:
-                                C[v0, v1] = C_local[v0 - 32 * i_0, v1 - 16 * j_0]
+                                C[v0, v1] = C_local[v0 - i_0 * 32, v1 - j_0 * 16]
                             else:
-                                T.call_extern("float32", "atomic_add", T.address_of(C[v0, v1]), C_local[v0 - 32 * i_0, v1 - 16 * j_0])# fmt: on
+                                T.call_extern("float32", "atomic_add", T.address_of(C[v0, v1]), C_local[v0 - i_0 * 32, v1 - j_0 * 16])# fmt: on
 
 
 def _lowered():

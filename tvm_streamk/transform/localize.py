@@ -7,7 +7,10 @@ variables but functions of the tile index (``tile % tiles_n``), and TVM's region
 such a modulo into a form it cannot cancel: the compacted register tile gets a data-dependent,
 clamped offset and the GPU compiler has to keep it in local memory. Subtracting the band's share
 of every accumulator index up front (``C_local[v0 - i_0 * BM, v1 - j_0 * BN]``) leaves only
-thread and loop terms, which compact exactly as in the data-parallel kernel.
+thread and loop terms, which compact exactly as in the data-parallel kernel. A band fused into
+one ``blockIdx`` loop (MetaSchedule's MultiLevelTiling) has shares ``fused // 32 * 64`` and
+``fused % 32 * 64``: without the shift its register tile lands in local memory (176 bytes of
+stack per thread for a 64 x 64 tile of 128 threads, ptxas reports).
 
 Every predicated access keeps ``0 <= v - origin <= v < shape``, so the shifted indices stay inside
 the declared buffer.
@@ -39,20 +42,25 @@ class _NotAffine(Exception):
 def _band_offset(expr, binding: dict, band: list):
     """The band variables' share of ``expr`` (None when there is none).
 
+    The share is ``expr`` minus ``expr`` with the band variables at 0: an affine term
+    (``i_0 * 32``) or, for a fused band (MetaSchedule binds one ``blockIdx`` loop), a division
+    or modulo of it (``fused % 32 * 64``).
+
     Raises
     ------
     _NotAffine
-        When ``expr`` is not affine in the band variables.
+        When ``expr`` does not split into a band part and a part free of the band.
     """
     in_loops = structural_map(expr, (tirx.Var, lambda v: binding.get(v, v)))
-    coeffs = arith.detect_linear_equation(in_loops, band)
-    if len(coeffs) != len(band) + 1:
+    zeros = {var: tirx.const(0, str(var.ty)) for var in band}
+    rest = structural_map(in_loops, (tirx.Var, lambda v: zeros.get(v, v)))
+    offset = arith.Analyzer().simplify(in_loops - rest)
+    if isinstance(offset, tirx.IntImm) and int(offset.value) == 0:
+        return None
+    used: list = []
+    structural_walk(offset, (tirx.Var, used.append))
+    if any(not any(v.same_as(b) for b in band) for v in used):
         raise _NotAffine(str(expr))
-    offset = None
-    for coeff, var in zip(coeffs[:-1], band):
-        if isinstance(coeff, tirx.IntImm) and int(coeff.value) == 0:
-            continue
-        offset = coeff * var if offset is None else offset + coeff * var
     return offset
 
 
