@@ -167,3 +167,28 @@ def test_stream_k_refuses_invalid_counts(gemm_func, bad):
     with pytest.raises(StreamKError) as info:
         _stream_k(gemm_func, target="nvidia/nvidia-a100", num_sms=bad)
     assert info.value.condition == "num-sms"
+
+
+@pytest.mark.parametrize(
+    "target, expected",
+    [
+        ("nvidia/nvidia-h100", 132),  # the tag, recovered from the attributes TVM 0.27 keeps
+        ("nvidia/nvidia-a100", 108),
+        ({"kind": "cuda", "arch": "sm_70"}, 80),  # no tag: the arch decides
+    ],
+)
+def test_one_resolver_for_every_integration(target, expected):
+    target = tvm.target.Target(target)
+    assert gpus.num_sms_for_target(None, target) == expected
+    assert gpus.num_sms_for_target(7, target) == 7
+    # The MetaSchedule rule resolves through it too (it used to read Target.tag, empty in 0.27).
+    from tvm.s_tir import meta_schedule as ms
+
+    rule = tvm_streamk.meta_schedule.StreamKRule()
+    rule._initialize_with_tune_context(ms.TuneContext(target=target))
+    assert rule._resolved_sms == expected
+
+
+def test_an_opencl_target_is_told_about_compute_units():
+    with pytest.raises(UnknownGPUError, match=r"tvm_streamk\.pocl\.compute_units\(\)"):
+        gpus.num_sms_for_target(None, tvm.target.Target({"kind": "opencl"}))

@@ -20,7 +20,9 @@ from tvm.s_tir import dlight as dl
 from tvm.s_tir import meta_schedule as ms
 
 import tvm_streamk
+from tvm_streamk import annotations as ann
 from tvm_streamk import pocl, workloads
+from tvm_streamk.errors import StreamKError
 
 from .helpers import block_idx_extents
 
@@ -202,3 +204,14 @@ def test_meta_schedule_sample_stream_k(ms_samples, depth):
     assert (plan.tiles, plan.panels, plan.grid) == (6, 8, MS_SMS)
     _assert_stream_k_structure(sch, plan, H100)
     assert _run(sch, MS_FUNC) <= FP32_TOL
+
+
+def test_group_on_a_fused_band_is_refused_by_the_primitive(ms_samples):
+    # MultiLevelTiling binds its tiles to one fused blockIdx loop: there are no tile rows.
+    sch = ms_samples[0].copy()
+    block = _update_block(sch)
+    with pytest.raises(StreamKError) as info:
+        tvm_streamk.stream_k(sch, block, num_sms=MS_SMS, group=2, target=H100)
+    assert info.value.condition == "group"
+    assert "one-dimensional tile band (6,)" in str(info.value)
+    assert not ann.has_decision(sch.get(block).annotations)

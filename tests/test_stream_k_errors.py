@@ -124,6 +124,18 @@ def test_asks_for_num_sms_when_the_gpu_is_unknown():
     with pytest.raises(StreamKError) as info:
         tvm_streamk.stream_k(sch, "C_update", target=OPENCL)
     assert "num_sms" in str(info.value)
+    # On the OpenCL (PoCL) target the remedy names the device's compute units.
+    assert "tvm_streamk.pocl.compute_units()" in str(info.value)
+
+
+def test_a_malformed_decision_is_a_stream_k_error_at_lowering():
+    sch = workloads.reference_schedule(workloads.gemm(64, 64, 64))
+    tvm_streamk.stream_k(sch, "C_update", num_sms=4, target=OPENCL)
+    sch.unannotate(sch.get_sblock("C_update"), "tvm_streamk.group")
+    with pytest.raises(StreamKError) as info:
+        tvm_streamk.lower(sch, OPENCL)
+    assert info.value.condition == "decision"  # a StreamKError through TVM's FFI
+    assert "partial Stream-K decision" in str(info.value)
 
 
 def test_a_refused_call_leaves_the_schedule_unchanged():
@@ -142,3 +154,10 @@ def test_a_refused_call_leaves_the_schedule_unchanged():
     # The same kernel is accepted with the workspace fix-up, and then decomposed.
     tvm_streamk.stream_k(sch, blk, num_sms=4, target=OPENCL)
     assert sch.get(blk).init is None
+
+
+def test_a_wrong_block_name_is_one_line_naming_the_reduction_blocks():
+    sch = workloads.reference_schedule(workloads.gemm(64, 64, 64))
+    err = _expect(analysis.COND_BLOCK, sch, block="C_updat")
+    assert str(err).count("\n") == 0
+    assert "'C_updat'" in str(err) and "['C_update']" in str(err)

@@ -15,7 +15,7 @@ from tvm.s_tir import dlight as dl
 
 import tvm_streamk
 from tvm_streamk import annotations as ann
-from tvm_streamk.analysis import analyze, first_site
+from tvm_streamk.analysis import analyze, blocks_under, first_site
 from tvm_streamk.errors import StreamKError
 
 
@@ -114,6 +114,20 @@ def test_atomic_fixup_is_refused_for_fragments(wmma):
     with pytest.raises(StreamKError) as info:
         tvm_streamk.stream_k(sch, block, num_sms=sms, fixup="atomic", target=target)
     assert "workspace" in str(info.value)
+
+
+def test_the_inner_tensorized_block_points_to_its_blockized_parent(wmma):
+    _, target, sms, sch, block = wmma
+    inner = [
+        b.name_hint
+        for b in blocks_under(sch.get(sch.get_sblock(block)).body)
+        if b.name_hint != block
+    ]
+    assert inner, f"{block!r} holds no inner block"
+    with pytest.raises(StreamKError) as info:
+        tvm_streamk.stream_k(sch, inner[0], num_sms=sms, policy="split_k", splits=4, target=target)
+    assert info.value.condition == "reduction-block"
+    assert f"Pass its blockized parent {block!r}" in str(info.value)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")

@@ -11,6 +11,8 @@ from tvm.s_tir import Schedule, Trace
 
 import tvm_streamk
 from tvm_streamk import annotations, cost_model, workloads
+from tvm_streamk.errors import StreamKError
+from tvm_streamk.meta_schedule.annotate import without_stream_k
 
 from .helpers import block_idx_extents
 
@@ -148,3 +150,29 @@ def test_block_with_init_records_the_decomposition(schedule_with_init):
     # Decomposing inside stream_k gives the kernel of decomposing first, by hand.
     by_hand, _ = _scheduled(FUNC, num_sms=4)
     tvm.ir.assert_structural_equal(_lowered(by_hand), expected)
+
+
+@pytest.mark.parametrize("replay", REPLAYS.values(), ids=REPLAYS.keys())
+def test_a_second_stream_k_replaces_the_decision(replay):
+    sch, first = _scheduled(FUNC, policy="stream_k", num_sms=4)
+    second = tvm_streamk.stream_k(sch, "C_update", policy="split_k", splits=2, num_sms=4)
+    assert (first.grid, second.grid) == (4, 12)
+    block = sch.get(sch.get_sblock("C_update"))
+    decision = annotations.decode(block.annotations, "C_update")
+    assert (decision.policy, decision.splits) == ("split_k", 2)
+    lowered = _lowered(sch)
+    # Split-K of 6 tiles in 2 (5 panels: the unaligned, persistent form): 12 blocks.
+    assert ("blockIdx.x", 12) in block_idx_extents(lowered)
+    tvm.ir.assert_structural_equal(_lowered(replay(sch, FUNC)), lowered)
+
+
+@pytest.mark.parametrize("pipeline", [None, "default", "s_tir"])
+def test_a_pipeline_without_the_lowering_refuses_a_decision(pipeline):
+    sch, _ = _scheduled(FUNC, policy="stream_k", num_sms=4)
+    kwargs = {} if pipeline is None else {"tir_pipeline": pipeline}
+    with pytest.raises(StreamKError, match=r"'C_update' of 'main'.*tvm_streamk") as info:
+        tvm.compile(sch.mod, target=OPENCL, **kwargs)
+    assert info.value.condition == "pipeline"
+    # The same schedule builds with the Stream-K pipeline, and without its decision anywhere.
+    tvm.compile(sch.mod, target=OPENCL, tir_pipeline="tvm_streamk")
+    tvm.compile(without_stream_k(sch.mod), target=OPENCL)

@@ -28,9 +28,17 @@ structural_walk = tvm_ffi.structural_walk
 structural_hash = tvm_ffi.structural_hash
 structural_equal = tvm_ffi.structural_equal
 structural_map = tvm_ffi.structural_map
+# Maps a Python exception class to its name for errors crossing the FFI (and back).
+register_ffi_error = tvm_ffi.register_error
 
 get_tir_pipeline = tirx.get_tir_pipeline
 register_tir_pipeline = tirx.register_tir_pipeline
+
+
+def registered_tir_pipelines() -> dict:
+    """Name -> factory of every registered TIR pipeline (TVM's registry itself, not a copy)."""
+    return importlib.import_module("tvm.tirx.compilation_pipeline").PIPELINE_MAP
+
 
 SBlock = s_tir.SBlock
 SBlockRealize = s_tir.SBlockRealize

@@ -263,6 +263,7 @@ def analyze(func: tirx.PrimFunc, block_name: str) -> StreamKSite:
     path = find_block_path(func, block_name)
     realize: SBlockRealize = path[-1]
     block = realize.block
+    _check_not_inside_a_reduction(path)
     acc = _check_add_update(block)
 
     reduce_vars = [
@@ -470,6 +471,22 @@ def _kind(loop: tirx.For) -> str:
     if loop.thread_binding is not None:
         return f"bound to {loop.thread_binding.thread_tag}"
     return str(tirx.ForKind(int(loop.kind)).name.lower())
+
+
+def _check_not_inside_a_reduction(path) -> None:
+    """Refuse the inner block of a blockized (tensorized) reduction: its parent is the one."""
+    block = path[-1].block
+    for outer in path[:-1]:
+        parent = outer.block if isinstance(outer, SBlockRealize) else None
+        if parent is not None and any(
+            iv.iter_type == tirx.IterVar.CommReduce for iv in parent.iter_vars
+        ):
+            raise StreamKError(
+                COND_BLOCK,
+                f"block {block.name_hint!r} is the inner block of the blockized reduction "
+                f"{parent.name_hint!r} (a tensorized schedule)",
+                f"Pass its blockized parent {parent.name_hint!r}.",
+            )
 
 
 def _panel_loop(block, inner_loops, reduce_vars, spatial_values) -> tirx.For:

@@ -321,13 +321,8 @@ def _parse_target(text: str):
 
 
 def _target_num_sms(num_sms, tag, target) -> int:
-    arch = None
-    if target.attrs is not None and "arch" in target.attrs:
-        arch = str(target.attrs["arch"])
     try:
-        # A tag is looked up by the name it was given: TVM 0.27 targets built from a tag keep an
-        # empty ``tag`` field.
-        return gpus.resolve_num_sms(num_sms, tag=tag, arch=arch)
+        return gpus.num_sms_for_target(num_sms, target, tag=tag)
     except gpus.UnknownGPUError as err:
         raise _UsageError(f"{err}; on the command line: --num-sms N") from None
 

@@ -865,4 +865,3 @@ def tile_order(
         coords.insert(0, ops.floormod(rest, leading[i]) if i else rest)
         rest = ops.floordiv(rest, leading[i])
     return tuple(coords)
-    return tuple(coords)

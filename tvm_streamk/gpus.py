@@ -13,7 +13,13 @@ import operator
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["SM_COUNT_BY_ARCH", "SM_COUNT_BY_TAG", "UnknownGPUError", "resolve_num_sms"]
+__all__ = [
+    "SM_COUNT_BY_ARCH",
+    "SM_COUNT_BY_TAG",
+    "UnknownGPUError",
+    "num_sms_for_target",
+    "resolve_num_sms",
+]
 
 
 class UnknownGPUError(ValueError):
@@ -132,3 +138,38 @@ def resolve_num_sms(
         "num_sms= (the GPU's multiprocessor count: tvm.cuda(0).multi_processor_count on the "
         "device, or its data sheet)"
     )
+
+
+def num_sms_for_target(num_sms: int | None = None, target=None, tag: str | None = None) -> int:
+    """The SM count for ``target``: the one function every integration resolves it with.
+
+    Parameters
+    ----------
+    num_sms : int, optional
+        Explicit count; wins when given.
+    target : tvm.target.Target, optional
+        Its tag (recovered from its attributes: TVM 0.27 leaves ``Target.tag`` empty) and its
+        arch are looked up in the tables.
+    tag : str, optional
+        The tag string the target was built from, when the caller still has it.
+
+    Raises
+    ------
+    UnknownGPUError
+        As :func:`resolve_num_sms`; for an OpenCL target the message names the compute units.
+    """
+    if num_sms is not None or target is None:
+        return resolve_num_sms(num_sms, tag=tag)
+    from ._compat import target_tag
+
+    attrs = target.attrs
+    arch = str(attrs["arch"]) if attrs is not None and "arch" in attrs else None
+    try:
+        return resolve_num_sms(None, tag=tag or target_tag(target), arch=arch)
+    except UnknownGPUError as err:
+        if target.kind.name == "opencl":
+            raise UnknownGPUError(
+                f"{err}; an OpenCL target has no SM count: pass its compute units, "
+                "tvm_streamk.pocl.compute_units() on the CPU proof"
+            ) from None
+        raise

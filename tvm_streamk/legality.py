@@ -13,6 +13,7 @@ from .errors import StreamKError
 
 # Condition names of the rules below, as StreamKError.condition reports them.
 COND_RUNTIME_GRID = "num-sms"
+COND_GROUP = "group"
 
 
 def check_runtime_grid(policy: str, fragment_accumulator: bool, where: str = "") -> None:
@@ -37,4 +38,20 @@ def check_runtime_grid(policy: str, fragment_accumulator: bool, where: str = "")
             f"num_sms='device' with policy={policy!r}{on}",
             "Only policy='stream_k' derives its work split from the run-time grid; pass "
             "num_sms for the other policies.",
+        )
+
+
+def check_group(group: int | None, band_extents: tuple, where: str = "") -> None:
+    """Refuse a tile-row group (``group=g``) on a band of fewer than two dimensions.
+
+    The grouped order walks ``g`` tile rows column-major, which needs a row and a column axis;
+    MetaSchedule's MultiLevelTiling fuses its tiles into one ``blockIdx`` loop.
+    """
+    if group and len(band_extents) < 2:
+        on = f" of block {where!r}" if where else ""
+        raise StreamKError(
+            COND_GROUP,
+            f"group={group} for the one-dimensional tile band {tuple(band_extents)}{on}",
+            "Drop group (the fused band has no tile rows to group), or keep the tile loops "
+            "unfused (one blockIdx loop per axis).",
         )

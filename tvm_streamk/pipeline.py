@@ -3,24 +3,35 @@
 ``LowerStreamK`` runs first, while the IR still has blocks, ``T.init`` and iteration variables;
 everything after it (thread syncs, storage planning, host/device split) is TVM's own, except
 ``ResolveDeviceSMs`` at the end, which needs the device ``MakePackedAPI`` defines.
+
+Importing the package also wraps every other registered TIR pipeline (TVM's ``default``,
+``s_tir``, ...) with :func:`refuse_unlowered`: a module that still carries a Stream-K decision
+would otherwise build the data-parallel kernel without a word.
 """
 
 from __future__ import annotations
 
 import tvm
 
-from ._compat import get_tir_pipeline, register_tir_pipeline
+from ._compat import get_tir_pipeline, register_tir_pipeline, registered_tir_pipelines
 from ._compat import target as as_target
+from .errors import StreamKError
 from .transform import LowerStreamK
 from .transform.device_sms import ResolveDeviceSMs
+from .transform.lower_stream_k import annotated_blocks
 
 NAME = "tvm_streamk"
 BASE = "s_tir"
 
 
+COND_PIPELINE = "pipeline"
+# TVM's own pipeline factories, before _guard_stock_pipelines wraps them.
+_STOCK: dict = {}
+
+
 def stream_k_pipeline():
     """The pipeline factory: ``(pipeline_pass, finalize_host, finalize_device)``."""
-    base, finalize_host, finalize_device = get_tir_pipeline(BASE)
+    base, finalize_host, finalize_device = _STOCK.get(BASE, lambda: get_tir_pipeline(BASE))()
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_streamk.pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -29,7 +40,52 @@ def stream_k_pipeline():
     return _pipeline, finalize_host, finalize_device
 
 
+def refuse_unlowered(mod: tvm.IRModule, pipeline: str) -> None:
+    """Raise if a function of ``mod`` still carries a Stream-K decision.
+
+    A pipeline without ``LowerStreamK`` would ignore the decision and build the data-parallel
+    kernel, silently.
+    """
+    for gvar, func in mod.functions.items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        names = annotated_blocks(func)
+        if names:
+            raise StreamKError(
+                COND_PIPELINE,
+                f"block {names[0]!r} of {gvar.name_hint!r} carries a Stream-K decision and the "
+                f"{pipeline!r} TIR pipeline does not lower it",
+                f"Build with tir_pipeline={NAME!r} (tvm.compile, relax.build), or remove the "
+                "decision with tvm_streamk.meta_schedule.annotate.without_stream_k for the "
+                "data-parallel kernel.",
+            )
+
+
+def _guarded(name: str, factory):
+    def make(**kwargs):
+        base, finalize_host, finalize_device = factory(**kwargs)
+
+        @tvm.transform.module_pass(opt_level=0, name=f"tvm_streamk.guarded_{name}")
+        def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+            refuse_unlowered(mod, name)
+            return base(mod)
+
+        return _pipeline, finalize_host, finalize_device
+
+    return make
+
+
+def _guard_stock_pipelines() -> None:
+    """Wrap every other registered TIR pipeline with :func:`refuse_unlowered` (once)."""
+    registry = registered_tir_pipelines()
+    for name, factory in list(registry.items()):
+        if name != NAME and name not in _STOCK:
+            _STOCK[name] = factory
+            registry[name] = _guarded(name, factory)
+
+
 register_tir_pipeline(NAME, stream_k_pipeline)
+_guard_stock_pipelines()
 
 
 def _as_module(mod) -> tvm.IRModule:

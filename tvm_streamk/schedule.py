@@ -6,10 +6,10 @@ import tvm
 
 from . import annotations as ann
 from . import cost_model, decomposition, gpus
-from ._compat import Schedule, target_tag
-from .analysis import StreamKSite, analyze_in_module
+from ._compat import Schedule
+from .analysis import COND_BLOCK, StreamKSite, analyze_in_module, blocks_under
 from .errors import StreamKError
-from .legality import check_runtime_grid
+from .legality import check_group, check_runtime_grid
 from .transform.fixup_atomic import atomic_dtype_error
 from .transform.lower_stream_k import check_fixup
 
@@ -25,12 +25,8 @@ def _resolve_target(target) -> tvm.target.Target | None:
 
 
 def _resolve_num_sms(num_sms, target: tvm.target.Target | None) -> int:
-    tag = target_tag(target) if target is not None else None
-    arch = None
-    if target is not None and target.attrs is not None and "arch" in target.attrs:
-        arch = str(target.attrs["arch"])
     try:
-        return gpus.resolve_num_sms(num_sms, tag=tag, arch=arch)
+        return gpus.num_sms_for_target(num_sms, target)
     except ValueError as err:
         raise StreamKError("num-sms", str(err), "Pass num_sms=<the GPU's SM count>.") from None
 
@@ -58,7 +54,9 @@ def stream_k(
     of that, chooses the decomposition and records it as annotations on ``block``; the
     ``tvm_streamk`` TIR pipeline (:class:`tvm_streamk.transform.LowerStreamK`) performs the
     rewrite. If ``block`` still has a ``T.init``, the reduction is first decomposed at the panel
-    loop (a ``decompose_reduction`` instruction in the trace).
+    loop (a ``decompose_reduction`` instruction in the trace). Calling it again on the same block
+    replaces the decision. Build with ``tir_pipeline="tvm_streamk"``: after ``import tvm_streamk``
+    TVM's own pipelines refuse a module that still carries a decision.
 
     Parameters
     ----------
@@ -134,7 +132,7 @@ def stream_k(
     iterations one tile segment at a time, plus a prologue kernel zeroing the split tiles (see
     ``tests/test_lower_structural.py`` for a complete expected IR).
     """
-    block_rv = sch.get_sblock(block) if isinstance(block, str) else block
+    block_rv = _block_rv(sch, block)
     if fixup not in FIXUPS:
         raise StreamKError("fixup", f"fixup={fixup!r}", f"Use one of {list(FIXUPS)}.")
     if deterministic and fixup == "atomic":
@@ -151,6 +149,7 @@ def stream_k(
     if fixup == "auto":
         fixup = "workspace" if deterministic else _auto_fixup(site, target)
     check_fixup(site, fixup, target)
+    check_group(group, site.band_extents)
     device_mode = num_sms == "device"
     if device_mode:
         check_runtime_grid(policy, site.fragment_accumulator)
@@ -187,6 +186,12 @@ def stream_k(
         fixup=fixup,
         group=group or 0,
     )
+    # A second call replaces the first decision (TVM's annotate keeps an existing key's value,
+    # so the old keys are removed first; the trace records both steps and replays to the same).
+    existing = sch.get(block_rv).annotations
+    for key in ann.KEYS:
+        if key in existing:
+            sch.unannotate(block_rv, key)
     for key, value in decision.as_annotations().items():
         sch.annotate(block_rv, key, value)
     return chosen
@@ -237,6 +242,27 @@ def _auto_fixup(site: StreamKSite, target) -> str:
         and (target is None or atomic_dtype_error(site.accumulator_dtype, target) is None)
     )
     return "atomic" if atomic_ok else "workspace"
+
+
+def _block_rv(sch: Schedule, block):
+    """``block`` as an SBlockRV; a name that no block has is refused in one line, naming the
+    reduction blocks there are (TVM's own error prints the whole module first)."""
+    if not isinstance(block, str):
+        return block
+    names, reductions = [], []
+    for func in sch.mod.functions.values():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            for b in blocks_under(func.body):
+                names.append(b.name_hint)
+                if any(iv.iter_type == tvm.tirx.IterVar.CommReduce for iv in b.iter_vars):
+                    reductions.append(b.name_hint)
+    if block not in names:
+        raise StreamKError(
+            COND_BLOCK,
+            f"no block named {block!r} in the schedule (reduction blocks: {reductions})",
+            "Pass the name of the reduction's update block, or its SBlockRV.",
+        )
+    return sch.get_sblock(block)
 
 
 def _analyze(sch: Schedule, block_rv) -> StreamKSite:

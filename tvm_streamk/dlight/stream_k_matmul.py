@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import tvm
 from tvm import tirx
 
-from .._compat import Schedule, dlight, target_tag
+from .._compat import Schedule, dlight
 from ..analysis import first_site
 from ..errors import StreamKError
-from ..gpus import UnknownGPUError, resolve_num_sms
+from ..gpus import UnknownGPUError, num_sms_for_target
 from ..schedule import stream_k
 
 
@@ -67,9 +67,7 @@ class StreamKMatmul(dlight.gpu.Matmul):
             self.skipped[name] = "no tiled reduction Stream-K can rewrite in dlight's schedule"
             return sch
         try:
-            num_sms = resolve_num_sms(
-                self.config.num_sms, tag=target_tag(target), arch=str(target.attrs.get("arch", ""))
-            )
+            num_sms = num_sms_for_target(self.config.num_sms, target)
         except UnknownGPUError as err:
             raise StreamKError(
                 "num-sms", str(err), "Pass StreamKMatmul(num_sms=<the GPU's SM count>)."

@@ -21,7 +21,7 @@ from .. import decomposition
 from .._compat import Schedule
 from ..analysis import StreamKSite, analyze_in_module, blocks_under
 from ..errors import StreamKError
-from ..legality import check_runtime_grid
+from ..legality import check_group, check_runtime_grid
 from ..transform.fixup_workspace import COND_FRAGMENT_SPLIT
 from ..transform.lower_stream_k import check_fixup, plan_for
 
@@ -254,6 +254,7 @@ def check_decision(site: StreamKSite, annotations, target) -> decomposition.Plan
             f"({site.panels} panels, splits={plan.splits})",
             "Fragments take only split_k with a split dividing the panel count.",
         )
+    check_group(decision.group, site.band_extents, where)
     if decision.num_sms == ann.DEVICE_SMS:
         check_runtime_grid(plan.policy, site.fragment_accumulator, where)
     return plan

@@ -102,15 +102,7 @@ class StreamKRule(meta_schedule.schedule_rule.PyScheduleRule):
 
     def _initialize_with_tune_context(self, context) -> None:
         self.target = context.target
-        if self.num_sms is not None:
-            self._resolved_sms = gpus.resolve_num_sms(self.num_sms)
-            return
-        target = self.target
-        tag = str(target.tag) if target is not None and target.tag else None
-        arch = None
-        if target is not None and target.attrs is not None and "arch" in target.attrs:
-            arch = str(target.attrs["arch"])
-        self._resolved_sms = gpus.resolve_num_sms(None, tag=tag, arch=arch)
+        self._resolved_sms = gpus.num_sms_for_target(self.num_sms, self.target)
 
     def apply(self, sch: Schedule, block) -> list[Schedule]:
         if self._resolved_sms is None:
@@ -138,6 +130,8 @@ class StreamKRule(meta_schedule.schedule_rule.PyScheduleRule):
         if not fixups or not policies:
             return [sch]
 
+        # A band fused into one blockIdx loop (MultiLevelTiling's) has no tile rows to group.
+        groups = list(self.knobs.groups) if len(site.band) > 1 else [0]
         twin = sch.copy()
         twin.seed(sch.fork_seed())
         values = {
@@ -145,7 +139,7 @@ class StreamKRule(meta_schedule.schedule_rule.PyScheduleRule):
             "blocks_per_sm": list(self.knobs.blocks_per_sm),
             "splits": splits or [1],
             "fixup": [fixup_code(f) for f in fixups],
-            "group": list(self.knobs.groups),
+            "group": groups,
         }
         sampled = {
             name: twin.sample_categorical(candidates=choices, probs=_uniform(len(choices)))

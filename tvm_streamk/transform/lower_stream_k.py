@@ -31,7 +31,7 @@ from .. import decomposition
 from .._compat import SBlock, SBlockRealize, dtype_of, structural_map
 from ..analysis import StreamKSite, analyze, blocks_under
 from ..errors import StreamKError
-from ..legality import check_runtime_grid
+from ..legality import check_group, check_runtime_grid
 from . import device_sms
 from ._ir import (
     Segment,
@@ -101,7 +101,14 @@ def make_fixup(site: StreamKSite, plan, decision: ann.Decision, target, tile_bod
 def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
     """Rewrite the Stream-K decision recorded on ``block_name`` in ``func``."""
     site = analyze(func, block_name)
-    decision = ann.decode(site.block.annotations, block_name)
+    try:
+        decision = ann.decode(site.block.annotations, block_name)
+    except ValueError as err:
+        raise StreamKError(
+            "decision",
+            str(err),
+            "Record decisions with tvm_streamk.stream_k (or the codes of tvm_streamk.annotations).",
+        ) from None
     plan = plan_for(site, decision)
     root_realize: SBlockRealize = func.body
     root = root_realize.block
@@ -128,6 +135,7 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
     if not site.fragment_accumulator:
         tile_body = localize_accumulator(tile_body, site)
     device_grid = None
+    check_group(decision.group, site.band_extents, block_name)
     if decision.num_sms == ann.DEVICE_SMS:
         check_runtime_grid(plan.policy, site.fragment_accumulator, block_name)
         device_grid = var("sk_grid", index_dtype(site, plan, runtime_grid=True))
