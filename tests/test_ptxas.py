@@ -22,7 +22,7 @@ from tvm.s_tir import Schedule
 
 import tvm_streamk
 from tvm_streamk import ptxas, workloads
-from tvm_streamk._compat import dlight
+from tvm_streamk._compat import dlight, dlight_cuda_target
 from tvm_streamk.analysis import first_site
 
 from .test_portability import _dlight_matmul
@@ -76,10 +76,12 @@ def _schedule(source: str, arch: str) -> tuple[Schedule, str]:
         sch = _ms_schedule().copy()
     else:
         dtype = "float16" if source == "dlight_wmma" else "float32"
-        func = _dlight_matmul(M, K, N, dlight.gpu.Matmul(), target, dtype)
+        # As the project's dlight rule sees it: sm_90a gets the tensor-core schedule of sm_90.
+        func = _dlight_matmul(M, K, N, dlight.gpu.Matmul(), dlight_cuda_target(target), dtype)
         sch = Schedule(func.with_attr("global_symbol", "main"))
     site = first_site(sch.mod["main"])
     assert site is not None, f"no block of the {source} schedule is accepted"
+    assert site.fragment_accumulator == (source == "dlight_wmma"), source
     return sch, site.block.name_hint
 
 

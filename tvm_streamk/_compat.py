@@ -97,3 +97,22 @@ def target_tag(target: tvm.target.Target) -> str | None:
         if tvm_ffi.structural_equal(config(tvm.target.Target(name)), mine)
     ]
     return str(found[0]) if len(found) == 1 else None
+
+
+def dlight_cuda_target(target: tvm.target.Target) -> tvm.target.Target:
+    """``target`` as dlight's ``gpu.Matmul`` should see it.
+
+    TVM 0.27's ``check_sm_version`` parses the arch as digits only, so ``sm_90a`` (the arch of
+    the ``nvidia/nvidia-h100`` tag) reads as -1 and fp16/int8 matmuls never get the tensor-core
+    schedule. The same target with the arch-specific suffix dropped (``sm_90``) gets it; the
+    schedule is built for the original target.
+    """
+    if target.kind.name != "cuda" or target.attrs is None or "arch" not in target.attrs:
+        return target
+    arch = str(target.attrs["arch"])
+    base = arch.rstrip("af")
+    if base == arch or not base.replace("sm_", "").isdigit():
+        return target
+    config = dict(target.export())
+    config["arch"] = base
+    return tvm.target.Target(config)

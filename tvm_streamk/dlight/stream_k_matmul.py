@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import tirx
 
-from .._compat import Schedule, dlight
+from .._compat import Schedule, dlight, dlight_cuda_target
 from ..analysis import first_site
 from ..errors import StreamKError
 from ..gpus import UnknownGPUError, num_sms_for_target
@@ -58,7 +58,8 @@ class StreamKMatmul(dlight.gpu.Matmul):
         self.skipped: dict[str, str] = {}
 
     def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, tunable: bool):
-        sch = super().apply(func, target, tunable)
+        # sm_90a (the H100 tag) gets the tensor-core schedule sm_90 gets (_compat docstring).
+        sch = super().apply(func, dlight_cuda_target(target), tunable)
         if not isinstance(sch, Schedule):
             return sch
         name = str(func.attrs.get("global_symbol", "")) if func.attrs is not None else ""
