@@ -1,0 +1,73 @@
+"""Expected IR of every lowering form, as TVM's own transform tests pin theirs.
+
+One small GEMM (64x48x24, 32x16 tiles of 8-wide K panels: 2 x 3 tiles, 3 panels) lowered by
+``LowerStreamK`` for OpenCL in each form; the TVMScript the installed TVM prints is compared
+with the reviewed text under ``tests/expected_ir/`` (text, because TVM 0.27 prints one-element
+register buffers as ``name.source[0]``, which its parser does not read back). Each check also
+replays the schedule's trace through JSON and requires the same IR. The forms:
+
+- ``stream_k_atomic``: tests/test_lower_structural.py (parsed, structural equality);
+- ``stream_k_workspace``: 4 blocks over 18 iterations; two slots per block, threads innermost;
+  the last arriver sums 1..3 peers from the first block of the tile's first iteration;
+- ``hybrid_one_tile``: 2 Stream-K tiles (6 iterations over 4 blocks) then one data-parallel
+  unit per block (tile 2 + block), with its own copy of the scratch buffers;
+- ``split_k_aligned``: 3 splits of 3 panels, the split in ``blockIdx.z``, one slot per block;
+- ``split_k_unaligned``: 2 splits of 3 panels through the persistent nest, atomics;
+- ``run_time_grid``: the grid read from the device (at most 18 blocks), read back in each
+  kernel through a one-element register buffer.
+
+When the lowering changes on purpose, print the new IR, review the difference, and replace the
+file; never regenerate without reading it.
+"""
+
+import difflib
+from pathlib import Path
+
+import pytest
+import tvm
+from tvm.s_tir import Schedule, Trace
+
+import tvm_streamk
+from tvm_streamk import workloads
+
+OPENCL = tvm.target.Target({"kind": "opencl"})
+EXPECTED = Path(__file__).parent / "expected_ir"
+FUNC = workloads.gemm(64, 48, 24)
+
+FORMS = {
+    "stream_k_workspace": dict(policy="stream_k", fixup="workspace", num_sms=4),
+    "hybrid_one_tile": dict(policy="hybrid", variant="one_tile", fixup="atomic", num_sms=4),
+    "split_k_aligned": dict(policy="split_k", splits=3, fixup="workspace", num_sms=4),
+    "split_k_unaligned": dict(policy="split_k", splits=2, fixup="atomic", num_sms=4),
+    "run_time_grid": dict(policy="stream_k", fixup="atomic", num_sms="device"),
+}
+
+
+def _schedule() -> Schedule:
+    return workloads.reference_schedule(FUNC, bm=32, bn=16, bk=8, tm=4, tn=4)
+
+
+def _printed(sch: Schedule) -> str:
+    return tvm_streamk.lower(sch, OPENCL)["main"].without_attr("target").script()
+
+
+def check_stream_k(expected_name: str, **decision) -> None:
+    """The lowered IR of ``decision`` equals ``expected_ir/<expected_name>.tvmscript``, and so
+    does the IR of the schedule rebuilt from its trace's JSON."""
+    sch = _schedule()
+    tvm_streamk.stream_k(sch, "C_update", target=OPENCL, **decision)
+    found = _printed(sch)
+    expected = (EXPECTED / f"{expected_name}.tvmscript").read_text()
+    if found != expected:
+        diff = difflib.unified_diff(
+            expected.splitlines(), found.splitlines(), "expected", "lowered", lineterm="", n=1
+        )
+        pytest.fail(f"{expected_name} differs from its expected IR:\n" + "\n".join(list(diff)[:60]))
+    replayed = Schedule(FUNC)
+    Trace.apply_json_to_schedule(tvm.ir.load_json(tvm.ir.save_json(sch.trace.as_json())), replayed)
+    assert _printed(replayed) == found, "the replayed trace lowers differently"
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_lowered_ir_matches_expected(form):
+    check_stream_k(form, **FORMS[form])
