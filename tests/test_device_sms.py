@@ -97,7 +97,7 @@ def test_per_block_buffers_are_sized_by_the_tile(shape, fixup, target):
     fixed = workloads.reference_schedule(workloads.gemm(*shape))
     tvm_streamk.stream_k(fixed, "C_update", num_sms=132, fixup=fixup, target=target)
     found = _arrays(runtime.mod, target)
-    assert found.pop("sk_grid_local") == 1
+    assert found.pop("sk_num_blocks_local") == 1
     assert found == _arrays(fixed.mod, target)
     tile = 32 * 32 // 64  # each of the 64 threads holds 4 x 4 accumulators
     assert found["C_local"] == tile

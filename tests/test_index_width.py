@@ -13,7 +13,12 @@ import tvm_ffi
 
 import tvm_streamk
 from tvm_streamk import pocl, workloads
-from tvm_streamk._compat import get_tir_pipeline, split_host_device_mods
+from tvm_streamk._compat import (
+    BufferLoadNode,
+    get_tir_pipeline,
+    loaded_buffer,
+    split_host_device_mods,
+)
 
 H100 = tvm.target.Target("nvidia/nvidia-h100")
 
@@ -54,7 +59,16 @@ class _Evaluator:
         def on_bind(bind) -> None:
             self.binds.setdefault(bind.var, bind.value)
 
-        tvm_ffi.structural_walk(func.body, (tvm.tirx.Bind, on_bind))
+        # Values read back through a register (opaque_bind): the store into the storage the
+        # loaded view shares.
+        self.stored = {}
+
+        def on_store(store) -> None:
+            self.stored.setdefault(str(store.buffer.data), store.value)
+
+        tvm_ffi.structural_walk(
+            func.body, [(tvm.tirx.Bind, on_bind), (tvm.tirx.BufferStore, on_store)]
+        )
         # The first definition of a name: unit 0's walk (a hybrid repeats it for later units).
         self.by_name = {}
         for v in self.binds:
@@ -73,6 +87,8 @@ class _Evaluator:
             if e not in memo:
                 memo[e] = self.eval(self.binds[e], env, memo)
             return memo[e]
+        if isinstance(e, BufferLoadNode):
+            return self.eval(self.stored[str(loaded_buffer(e).data)], env, memo)
         dtype = str(e.ty.dtype)
         if isinstance(e, tvm.tirx.Cast):
             return _wrap(self.eval(e.value, env, memo), dtype)
@@ -100,7 +116,7 @@ def _check_every_block(M, N, K, policy, segments_per_block=3):
     evaluate = _Evaluator(_persistent_kernel(sch))
     P = plan.panels
     for b, work in enumerate(plan.work):
-        env = {"blockIdx_x": b}
+        env = {"blockIdx_x": b, "sk_unit": 0}
         lo, hi = plan.block_range(b, 0)
         assert (evaluate("sk_lo", env), evaluate("sk_hi", env)) == (lo, hi)
         unit0 = [seg for seg in work if lo <= seg[0] * P + seg[1] < hi]
@@ -108,7 +124,7 @@ def _check_every_block(M, N, K, policy, segments_per_block=3):
         for s, (tile, k0, k1) in enumerate(unit0):
             if (tile, k0, k1) not in chosen:
                 continue
-            env = {"blockIdx_x": b, "sk_segment": s}
+            env = {"blockIdx_x": b, "sk_unit": 0, "sk_segment": s}
             found = tuple(evaluate(n, env) for n in ("sk_tile", "sk_k_begin", "sk_k_end"))
             assert found == (tile, k0, k1), f"block {b} segment {s}"
     return plan, evaluate

@@ -10,7 +10,8 @@ replays the schedule's trace through JSON and requires the same IR. The forms:
 - ``stream_k_workspace``: 4 blocks over 18 iterations; two slots per block, threads innermost;
   the last arriver sums 1..3 peers from the first block of the tile's first iteration;
 - ``hybrid_one_tile``: 2 Stream-K tiles (6 iterations over 4 blocks) then one data-parallel
-  unit per block (tile 2 + block), with its own copy of the scratch buffers;
+  unit per block (tile 2 + block), both kinds of unit in one loop over one copy of the tile
+  body, each unit's range read back through a register;
 - ``split_k_aligned``: 3 splits of 3 panels, the split in ``blockIdx.z``, one slot per block;
 - ``split_k_unaligned``: 2 splits of 3 panels through the persistent nest, atomics;
 - ``run_time_grid``: the grid read from the device (at most 18 blocks), read back in each

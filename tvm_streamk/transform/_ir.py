@@ -11,7 +11,6 @@ from .. import decomposition
 from .._compat import (
     SBlock,
     SBlockRealize,
-    arith,
     dtype_of,
     structural_map,
     structural_walk,
@@ -163,47 +162,66 @@ def bound_loop(
     )
 
 
-def over_units(
-    plan: decomposition.Plan,
-    b,
-    make_body,
-    scratch=(),
-    new_buffers: list | None = None,
-    grid=None,
-) -> tirx.Stmt:
-    """``make_body(lo, hi)`` for every unit range of block ``b``.
+def opaque_bind(
+    name: str, value, dtype: str, low: int | None = None, high: int | None = None
+) -> tuple[tirx.Expr, list]:
+    """``value`` (known to lie in ``[low, high]``) read back through a one-element register
+    buffer: the expression to use in its place, and the statements that define it.
 
-    Unit 0 (the whole range for most policies, the Stream-K region of a hybrid) is emitted on its
-    own, the further units (whole data-parallel tiles of a hybrid) in a loop after it. The ranges
-    then hold no ``Select`` on the unit index: TVM's region analyses bound a ``Select`` by both
-    of its branches, which would size every shared and register buffer for the whole matrix.
-    The second copy gets its own ``scratch`` buffers (appended to ``new_buffers``), or their
-    allocations would be planned around both copies and sized for every tile they visit.
+    TVM's region analysis (``CompactBufferAllocation``) follows a ``Bind`` to its value and
+    bounds every buffer access by it: a call (the device's multiprocessor count) it cannot bound
+    at all, and a ``Select`` (a unit's range) by both branches, which sizes shared and register
+    buffers for many tiles. A load it keeps as a symbol. The storage is declared through a view
+    (``DeclBuffer``), which keeps the compaction from replacing it: the offsets it writes into
+    the other buffers name the load. Every thread stores and reads its own copy (a register).
+    With ``low`` and ``high`` the expression clamps the loaded variable where it is used (a
+    no-op on the value): later passes do not carry a ``Bind``'s bounds into its uses, and
+    ``LowerIntrin`` lowers a floor division of a sum it cannot bound below by shifting it with a
+    constant that overflows int32 (a unit's range). A divisor (the run-time grid) is left
+    unclamped: its clamp cost the sm_80 workspace kernel 8-24 bytes of spills.
+    """
+    storage = tirx.decl_buffer((1,), dtype, name + "_local", scope="local")
+    view = tirx.decl_buffer((1,), dtype, name + "_view", scope="local")
+    bound = var(name, dtype)
+    zero = int_imm(0)
+    stmts = [
+        tirx.AllocBuffer(storage),
+        tirx.DeclBuffer(view, data=storage.data),
+        tirx.BufferStore(storage, cast_to(dtype, value), [zero]),
+        tirx.Bind(bound, tirx.BufferLoad(view, [zero])),
+    ]
+    if low is None or high is None:
+        return bound, stmts
+    return tirx.min(tirx.max(bound, int_imm(low, dtype)), int_imm(high, dtype)), stmts
+
+
+def over_units(plan: decomposition.Plan, b, make_body, grid=None) -> tirx.Stmt:
+    """``make_body(lo, hi, may_be_empty)`` for every unit range ``[lo, hi)`` of block ``b``.
+
+    A hybrid's units (its Stream-K region, then whole data-parallel tiles) share one loop and
+    one copy of the tile body: the unit's range is a ``Select`` on the unit index, read back
+    through :func:`opaque_bind` so the region analyses keep every buffer the tile's size.
+    (Two copies of the body, one per kind of unit, cost registers: nvcc kept values live across
+    both, 64 registers where each copy alone took 40 and 48.)
     ``grid`` is the launched grid when it is only known at run time (``num_sms="device"``).
     """
     units = plan.units(TIR_OPS, grid)
     dtype = dtype_of(b)
-
-    def unit(u, may_be_empty: bool, analyzer=None) -> tirx.Stmt:
-        lo, hi = var("sk_lo", dtype), var("sk_hi", dtype)
-        lo_e, hi_e = plan.block_range(b, u, TIR_OPS, grid)
-        if analyzer is not None:
-            lo_e, hi_e = analyzer.simplify(lo_e), analyzer.simplify(hi_e)
-        return seq([tirx.Bind(lo, lo_e), tirx.Bind(hi, hi_e), make_body(lo, hi, may_be_empty)])
-
     # Only a hybrid's Stream-K unit can be empty (more blocks than its iterations), and only a
     # run-time grid leaves that unknown; data-parallel units always hold a whole tile.
-    first_may_be_empty = grid is not None or any(
+    may_be_empty = grid is not None or any(
         lo >= hi for lo, hi in (plan.block_range(blk, 0) for blk in range(plan.grid))
     )
-    first = unit(0, first_may_be_empty)
     if isinstance(units, int) and units == 1:
-        return first
+        lo, hi = var("sk_lo", dtype), var("sk_hi", dtype)
+        lo_e, hi_e = plan.block_range(b, 0, TIR_OPS, grid)
+        return seq([tirx.Bind(lo, lo_e), tirx.Bind(hi, hi_e), make_body(lo, hi, may_be_empty)])
     u = var("sk_unit", dtype)
-    analyzer = arith.Analyzer()
-    analyzer.bind(u, tvm.ir.Range.from_min_extent(0, units - 1))
-    rest = fresh_definitions(unit(u + 1, False, analyzer), scratch, new_buffers)
-    return seq([first, tirx.For(u, int_imm(0, dtype), units - 1, tirx.ForKind.SERIAL, rest)])
+    lo_e, hi_e = plan.block_range(b, u, TIR_OPS, grid)
+    lo, lo_stmts = opaque_bind("sk_lo", lo_e, dtype, 0, plan.iterations)
+    hi, hi_stmts = opaque_bind("sk_hi", hi_e, dtype, 0, plan.iterations)
+    body = seq([*lo_stmts, *hi_stmts, make_body(lo, hi, may_be_empty)])
+    return tirx.For(u, int_imm(0, dtype), units, tirx.ForKind.SERIAL, body)
 
 
 INT32_MAX = 2**31 - 1

@@ -40,6 +40,7 @@ from ._ir import (
     coordinates,
     index_dtype,
     int_imm,
+    opaque_bind,
     over_units,
     replace_block,
     seq,
@@ -140,15 +141,10 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
         check_runtime_grid(plan.policy, site.fragment_accumulator, block_name)
         device_grid = var("sk_grid", index_dtype(site, plan, runtime_grid=True))
     fixup = make_fixup(site, plan, decision, target, tile_body, device_grid)
-    # Scratch buffers (shared, registers) a second copy of the tile body must not share.
-    scratch = [buf for buf in [*root.alloc_buffers, *fixup.buffers] if buf.scope() != "global"]
-    copies: list = []
     if aligned:
         main = _aligned_nest(site, plan, fixup, strip, tile_body)
     else:
-        main = _persistent_nest(
-            site, plan, decision, fixup, strip, tile_body, scratch, copies, device_grid
-        )
+        main = _persistent_nest(site, plan, decision, fixup, strip, tile_body, device_grid)
     nests = [fixup.prologue(), main]
     if device_grid is not None:
         nests = [_bind_runtime_grid(device_grid, plan, decision, seq(nests))]
@@ -162,7 +158,7 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
     new_root = replace_block(
         root,
         body=structural_map(root.body, (tirx.For, swap_band)),
-        alloc_buffers=[*root.alloc_buffers, *fixup.buffers, *copies],
+        alloc_buffers=[*root.alloc_buffers, *fixup.buffers],
     )
     return func.with_body(SBlockRealize(root_realize.iter_values, root_realize.predicate, new_root))
 
@@ -171,49 +167,27 @@ def _bind_runtime_grid(grid: tirx.Var, plan, decision, body: tirx.Stmt) -> tirx.
     """``body`` with ``grid`` read from the device: one block per resident slot, never more
     than the plan's run-time bound.
 
-    The host binds the count and launches that many blocks. Each kernel reads it back through a
-    one-element register buffer rather than using the host's variable: TVM's region analysis
-    (``CompactBufferAllocation``) follows a ``Bind`` to its value and cannot bound the call in
-    it, so every per-block buffer would be sized for the whole matrix. A buffer load is a value
-    it keeps symbolic, and the buffer is declared through a view of its storage, which keeps
-    the compaction from replacing it (its offsets into the other buffers name the load).
+    The host binds the count and launches that many blocks. Each kernel reads it back through
+    :func:`~._ir.opaque_bind` rather than using the host's variable, whose value is a call the
+    region analysis cannot bound (every per-block buffer would be sized for the whole matrix).
     """
     dtype = dtype_of(grid)
     slots = cast_to(dtype, device_sms.placeholder() * decision.blocks_per_sm)
-    zero = int_imm(0)
 
     def kernel(loop: tirx.For):
         if loop.kind != tirx.ForKind.THREAD_BINDING or not loop.extent.same_as(grid):
             return loop
-        storage = tirx.decl_buffer((1,), dtype, "sk_grid_local", scope="local")
-        view = tirx.decl_buffer((1,), dtype, "sk_grid_view", scope="local")
-        inner = var("sk_num_blocks", dtype)
-        kernel_body = seq(
-            [
-                tirx.AllocBuffer(storage),
-                tirx.DeclBuffer(view, data=storage.data),
-                tirx.BufferStore(storage, grid, [zero]),
-                tirx.Bind(inner, tirx.BufferLoad(view, [zero])),
-                structural_map(loop.body, (tirx.Var, lambda v: inner if v.same_as(grid) else v)),
-            ]
+        inner, binds = opaque_bind("sk_num_blocks", grid, dtype)
+        kernel_body = structural_map(
+            loop.body, (tirx.Var, lambda v: inner if v.same_as(grid) else v)
         )
-        return tirx.For(
-            loop.loop_var,
-            loop.min,
-            loop.extent,
-            loop.kind,
-            kernel_body,
-            loop.thread_binding,
-            loop.annotations,
-        )
+        return with_body(loop, seq([*binds, kernel_body]))
 
     bound = int_imm(plan.runtime_grid_bound(), dtype)
     return seq([tirx.Bind(grid, tirx.min(slots, bound)), structural_map(body, (tirx.For, kernel))])
 
 
-def _persistent_nest(
-    site, plan, decision, fixup, strip, tile_body, scratch, copies, device_grid=None
-) -> tirx.Stmt:
+def _persistent_nest(site, plan, decision, fixup, strip, tile_body, device_grid=None) -> tirx.Stmt:
     panels = site.panels
     dtype = index_dtype(site, plan, runtime_grid=device_grid is not None)
     seg = Segment(
@@ -250,7 +224,7 @@ def _persistent_nest(
         return tirx.For(seg.index, int_imm(0, dtype), extent, tirx.ForKind.SERIAL, segment)
 
     grid = int_imm(plan.grid, dtype) if device_grid is None else device_grid
-    units = over_units(plan, seg.block, walk, scratch, copies, device_grid)
+    units = over_units(plan, seg.block, walk, device_grid)
     # Keep the schedule's own annotations of the tile band (unroll pragmas, for instance).
     return bound_loop(seg.block, grid, units, annotations=site.band[0].annotations)
 
