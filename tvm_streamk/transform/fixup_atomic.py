@@ -5,6 +5,9 @@ segment atomically adds its partial sums to the output. A prologue kernel, launc
 same function, zeroes exactly the split tiles, so nothing else of the output is touched twice.
 Fast, but the order of the adds is the order of arrival (not bit-reproducible), the merge happens
 in the output dtype, and a write-back that is more than a copy (an epilogue) cannot be split.
+CUDA's fp32 atomic add flushes subnormal inputs and results to zero (PTX ``atom``/``red``
+``.add.f32``); the OpenCL emulation TVM emits (a compare-and-swap loop) does not, so the CPU
+proof keeps subnormal partial sums that a GPU drops.
 """
 
 from __future__ import annotations
