@@ -161,3 +161,20 @@ def test_a_wrong_block_name_is_one_line_naming_the_reduction_blocks():
     err = _expect(analysis.COND_BLOCK, sch, block="C_updat")
     assert str(err).count("\n") == 0
     assert "'C_updat'" in str(err) and "['C_update']" in str(err)
+
+
+def test_the_block_is_analysed_in_its_own_function():
+    # Two functions, each with a "C_update" block: the SBlockRV of the second one is analysed
+    # there (it used to be the first function holding a block of that name).
+    small = workloads.reference_schedule(workloads.gemm(64, 64, 64)).mod["main"]
+    large = workloads.reference_schedule(workloads.gemm(128, 96, 64)).mod["main"]
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"small": small, "large": large}))
+    block = sch.get_sblock("C_update", func_name="large")
+    plan = tvm_streamk.stream_k(sch, block, num_sms=4, target=OPENCL)
+    assert plan.tiles == (128 // 32) * (96 // 32)
+    annotated = [
+        gv.name_hint
+        for gv, func in sch.mod.functions.items()
+        if tvm_streamk.transform.lower_stream_k.annotated_blocks(func)
+    ]
+    assert annotated == ["large"]

@@ -381,18 +381,19 @@ def _staging(block: SBlock, acc: tirx.Buffer) -> tirx.Buffer:
     return outs[0]
 
 
-def analyze_in_module(mod, name: str) -> StreamKSite:
-    """:func:`analyze` block ``name`` in whichever PrimFunc of ``mod`` holds it."""
+def analyze_block(mod, block: SBlock) -> StreamKSite:
+    """:func:`analyze` ``block`` (the block an ``SBlockRV`` names) in the PrimFunc of ``mod``
+    that holds that very block: names repeat across the functions of a module."""
     for func in mod.functions.values():
-        if not isinstance(func, tirx.PrimFunc):
-            continue
-        try:
-            return analyze(func, name)
-        except StreamKError as err:
-            if err.condition == COND_BLOCK and "no block named" in err.found:
-                continue
-            raise
-    raise StreamKError(COND_BLOCK, f"block {name!r} in no function", "Pass a block of this module.")
+        if isinstance(func, tirx.PrimFunc) and any(
+            b.same_as(block) for b in blocks_under(func.body)
+        ):
+            return analyze(func, block.name_hint)
+    raise StreamKError(
+        COND_BLOCK,
+        f"block {block.name_hint!r} in no PrimFunc of the module",
+        "Pass a block of this schedule's module.",
+    )
 
 
 def first_site(func: tirx.PrimFunc) -> StreamKSite | None:

@@ -7,7 +7,7 @@ import tvm
 from . import annotations as ann
 from . import cost_model, decomposition, gpus
 from ._compat import Schedule
-from .analysis import COND_BLOCK, StreamKSite, analyze_in_module, blocks_under
+from .analysis import COND_BLOCK, StreamKSite, analyze_block, blocks_under
 from .errors import StreamKError
 from .legality import check_group, check_runtime_grid
 from .transform.fixup_atomic import atomic_dtype_error
@@ -266,7 +266,7 @@ def _block_rv(sch: Schedule, block):
 
 
 def _analyze(sch: Schedule, block_rv) -> StreamKSite:
-    return analyze_in_module(sch.mod, sch.get(block_rv).name_hint)
+    return analyze_block(sch.mod, sch.get(block_rv))
 
 
 def _panel_loop_rv(sch: Schedule, block_rv, site: StreamKSite):

@@ -19,7 +19,7 @@ from tvm.s_tir.schedule import ExprRV
 from .. import annotations as ann
 from .. import decomposition
 from .._compat import Schedule
-from ..analysis import StreamKSite, analyze_in_module, blocks_under
+from ..analysis import StreamKSite, analyze_block, blocks_under
 from ..errors import StreamKError
 from ..legality import check_group, check_runtime_grid
 from ..transform.fixup_workspace import COND_FRAGMENT_SPLIT
@@ -71,7 +71,7 @@ def site_of(sch: Schedule, block) -> StreamKSite:
         Naming the first precondition of the Stream-K rewrite the kernel does not meet.
     """
     block_rv = sch.get_sblock(block) if isinstance(block, str) else block
-    return analyze_in_module(sch.mod, sch.get(block_rv).name_hint)
+    return analyze_block(sch.mod, sch.get(block_rv))
 
 
 def applicable_fixups(site: StreamKSite, target: tvm.target.Target | None) -> tuple[str, ...]:
