@@ -381,6 +381,35 @@ def _staging(block: SBlock, acc: tirx.Buffer) -> tirx.Buffer:
     return outs[0]
 
 
+def is_reduction(block: SBlock) -> bool:
+    """Whether ``block`` has a reduction axis."""
+    return any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
+
+
+def sblock_rv(sch, block):
+    """``block`` (a name or an ``SBlockRV``) as an ``SBlockRV`` of ``sch``.
+
+    A name no block has is refused in one line naming the reduction blocks there are (TVM's own
+    error prints the whole module first).
+    """
+    if not isinstance(block, str):
+        return block
+    names, reductions = [], []
+    for func in sch.mod.functions.values():
+        if isinstance(func, tirx.PrimFunc):
+            for b in blocks_under(func.body):
+                names.append(b.name_hint)
+                if is_reduction(b):
+                    reductions.append(b.name_hint)
+    if block not in names:
+        raise StreamKError(
+            COND_BLOCK,
+            f"no block named {block!r} in the schedule (reduction blocks: {reductions})",
+            "Pass the name of the reduction's update block, or its SBlockRV.",
+        )
+    return sch.get_sblock(block)
+
+
 def analyze_block(mod, block: SBlock) -> StreamKSite:
     """:func:`analyze` ``block`` (the block an ``SBlockRV`` names) in the PrimFunc of ``mod``
     that holds that very block: names repeat across the functions of a module."""
@@ -478,15 +507,12 @@ def _check_not_inside_a_reduction(path) -> None:
     """Refuse the inner block of a blockized (tensorized) reduction: its parent is the one."""
     block = path[-1].block
     for outer in path[:-1]:
-        parent = outer.block if isinstance(outer, SBlockRealize) else None
-        if parent is not None and any(
-            iv.iter_type == tirx.IterVar.CommReduce for iv in parent.iter_vars
-        ):
+        if isinstance(outer, SBlockRealize) and is_reduction(outer.block):
             raise StreamKError(
                 COND_BLOCK,
                 f"block {block.name_hint!r} is the inner block of the blockized reduction "
-                f"{parent.name_hint!r} (a tensorized schedule)",
-                f"Pass its blockized parent {parent.name_hint!r}.",
+                f"{outer.block.name_hint!r} (a tensorized schedule)",
+                f"Pass its blockized parent {outer.block.name_hint!r}.",
             )
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from tvm import tirx
 
+from .errors import StreamKError
+
 PREFIX = "tvm_streamk."
 KEY_POLICY = PREFIX + "policy"
 KEY_NUM_SMS = PREFIX + "num_sms"
@@ -65,6 +67,19 @@ class Decision:
 
 def has_decision(annotations) -> bool:
     return KEY_POLICY in annotations
+
+
+def decision_of(annotations, where: str) -> Decision:
+    """:func:`decode`, refusing a malformed decision with a ``StreamKError`` (condition
+    ``decision``), as the lowering and the MetaSchedule annotation report it."""
+    try:
+        return decode(annotations, where)
+    except ValueError as err:
+        raise StreamKError(
+            "decision",
+            str(err),
+            "Record decisions with tvm_streamk.stream_k (or the codes of tvm_streamk.annotations).",
+        ) from None
 
 
 def decode(annotations, where: str) -> Decision:

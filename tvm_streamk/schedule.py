@@ -7,7 +7,7 @@ import tvm
 from . import annotations as ann
 from . import cost_model, decomposition, gpus
 from ._compat import Schedule
-from .analysis import COND_BLOCK, StreamKSite, analyze_block, blocks_under
+from .analysis import StreamKSite, analyze_block, sblock_rv
 from .errors import StreamKError
 from .legality import check_group, check_runtime_grid
 from .transform.fixup_atomic import atomic_dtype_error
@@ -132,7 +132,7 @@ def stream_k(
     iterations one tile segment at a time, plus a prologue kernel zeroing the split tiles (see
     ``tests/test_lower_structural.py`` for a complete expected IR).
     """
-    block_rv = _block_rv(sch, block)
+    block_rv = sblock_rv(sch, block)
     if fixup not in FIXUPS:
         raise StreamKError("fixup", f"fixup={fixup!r}", f"Use one of {list(FIXUPS)}.")
     if deterministic and fixup == "atomic":
@@ -242,27 +242,6 @@ def _auto_fixup(site: StreamKSite, target) -> str:
         and (target is None or atomic_dtype_error(site.accumulator_dtype, target) is None)
     )
     return "atomic" if atomic_ok else "workspace"
-
-
-def _block_rv(sch: Schedule, block):
-    """``block`` as an SBlockRV; a name that no block has is refused in one line, naming the
-    reduction blocks there are (TVM's own error prints the whole module first)."""
-    if not isinstance(block, str):
-        return block
-    names, reductions = [], []
-    for func in sch.mod.functions.values():
-        if isinstance(func, tvm.tirx.PrimFunc):
-            for b in blocks_under(func.body):
-                names.append(b.name_hint)
-                if any(iv.iter_type == tvm.tirx.IterVar.CommReduce for iv in b.iter_vars):
-                    reductions.append(b.name_hint)
-    if block not in names:
-        raise StreamKError(
-            COND_BLOCK,
-            f"no block named {block!r} in the schedule (reduction blocks: {reductions})",
-            "Pass the name of the reduction's update block, or its SBlockRV.",
-        )
-    return sch.get_sblock(block)
 
 
 def _analyze(sch: Schedule, block_rv) -> StreamKSite:

@@ -19,7 +19,7 @@ from tvm.s_tir.schedule import ExprRV
 from .. import annotations as ann
 from .. import decomposition
 from .._compat import Schedule
-from ..analysis import StreamKSite, analyze_block, blocks_under
+from ..analysis import StreamKSite, analyze_block, blocks_under, sblock_rv
 from ..errors import StreamKError
 from ..legality import check_group, check_runtime_grid
 from ..transform.fixup_workspace import COND_FRAGMENT_SPLIT
@@ -70,8 +70,7 @@ def site_of(sch: Schedule, block) -> StreamKSite:
     StreamKError
         Naming the first precondition of the Stream-K rewrite the kernel does not meet.
     """
-    block_rv = sch.get_sblock(block) if isinstance(block, str) else block
-    return analyze_block(sch.mod, sch.get(block_rv))
+    return analyze_block(sch.mod, sch.get(sblock_rv(sch, block)))
 
 
 def applicable_fixups(site: StreamKSite, target: tvm.target.Target | None) -> tuple[str, ...]:
@@ -181,7 +180,7 @@ def annotate_stream_k(
         sch.annotate(block_or_loop=b0, ann_key="tvm_streamk.num_sms", ann_val=132)
         ...
     """
-    block_rv = sch.get_sblock(block) if isinstance(block, str) else block
+    block_rv = sblock_rv(sch, block)
     if isinstance(target, str | dict):
         target = tvm.target.Target(target)
     site = site_of(sch, block_rv)
@@ -223,12 +222,7 @@ def check_decision(site: StreamKSite, annotations, target) -> decomposition.Plan
         after a tile-size mutation, say).
     """
     where = site.block.name_hint
-    try:
-        decision = ann.decode(annotations, where)
-    except ValueError as err:
-        raise StreamKError(
-            "decision", str(err), "Record the codes of tvm_streamk.annotations."
-        ) from None
+    decision = ann.decision_of(annotations, where)
     if decision.num_sms < 0 or decision.group < 0:
         raise StreamKError(
             "decision",

@@ -7,11 +7,7 @@ from tvm.ir.utils import derived_object
 
 from .. import annotations as ann
 from .._compat import Schedule, meta_schedule
-from ..analysis import blocks_under
-
-
-def _is_reduction(block) -> bool:
-    return any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
+from ..analysis import blocks_under, is_reduction
 
 
 @derived_object
@@ -48,7 +44,7 @@ class RewriteStreamKInit(meta_schedule.postproc.PyPostproc):
             if not isinstance(func, tirx.PrimFunc):
                 continue
             for block in blocks_under(func.body):
-                if ann.has_decision(block.annotations) and not _is_reduction(block):
+                if ann.has_decision(block.annotations) and not is_reduction(block):
                     block_rv = sch.get_sblock(block.name_hint, func_name=gv.name_hint)
                     for key in ann.KEYS:
                         if key in block.annotations:

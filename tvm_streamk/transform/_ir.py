@@ -278,19 +278,13 @@ def storage_sync() -> tirx.Stmt:
     return tirx.Evaluate(tvm.tirx.op.tvm_storage_sync("shared"))
 
 
-def fresh_definitions(stmt: tirx.Stmt, buffers=(), new_buffers: list | None = None) -> tirx.Stmt:
+def fresh_definitions(stmt: tirx.Stmt) -> tirx.Stmt:
     """``stmt`` with a new variable for every loop, block iteration and ``Bind`` it defines.
 
     A statement built from pieces of another (a prologue from the tile body) would otherwise
-    define the same variables twice in one function. The ``buffers`` it uses are replaced by
-    new buffers of the same shape, dtype and scope, appended to ``new_buffers``.
+    define the same variables twice in one function.
     """
     defined: dict = {}
-    for buf in buffers:
-        copy = tirx.decl_buffer(buf.shape, buf.dtype, name=buf.name + "_1", scope=buf.scope())
-        defined[buf] = copy
-        if new_buffers is not None:
-            new_buffers.append(copy)
 
     def define(v) -> None:
         defined.setdefault(v, tirx.Var(v.name, v.ty))

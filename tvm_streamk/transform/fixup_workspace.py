@@ -17,10 +17,10 @@ from one thread on two unsynchronised streams can (the README's "Streams" paragr
 
 Slots: two per block (its first and last segment may be partial; the segments between are
 whole tiles), one per block for split-K; a grid read at run time gets the slots of the largest
-grid it launches. A slot holds the tile with the
-write-back's thread loops innermost, so a warp stores and reads consecutive words. The last
-arriver reads its own partial back like the others' (from L2, just written): keeping it in the
-accumulator across the hand-off costs far more registers (measured with ptxas).
+grid it launches. A slot holds the tile with the write-back's thread loops innermost, so a warp
+stores and reads consecutive words. The last arriver reads its own partial back like the
+others' (from L2, just written): keeping it in the accumulator across the hand-off costs far
+more registers (measured with ptxas).
 
 Ordering (the hand-off argument). Writer side, per partial segment: every thread stores its
 part of the partial tile; the block meets at a barrier; then one thread (the leader) fences
@@ -173,9 +173,7 @@ class WorkspaceFixup:
         loops innermost (``threadIdx.x`` last), so the threads of a warp store and read
         consecutive words whatever order the write-back walks its elements in."""
         threads = sorted(
-            (lp for lp in loops if _tag(lp).startswith("threadIdx")),
-            key=lambda lp: _tag(lp),
-            reverse=True,
+            (lp for lp in loops if _tag(lp).startswith("threadIdx")), key=_tag, reverse=True
         )
         ordered = [lp for lp in loops if not _tag(lp).startswith("threadIdx")] + threads
         index = int_imm(0, str(loops[0].loop_var.ty)) if loops else int_imm(0)

@@ -102,14 +102,7 @@ def make_fixup(site: StreamKSite, plan, decision: ann.Decision, target, tile_bod
 def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
     """Rewrite the Stream-K decision recorded on ``block_name`` in ``func``."""
     site = analyze(func, block_name)
-    try:
-        decision = ann.decode(site.block.annotations, block_name)
-    except ValueError as err:
-        raise StreamKError(
-            "decision",
-            str(err),
-            "Record decisions with tvm_streamk.stream_k (or the codes of tvm_streamk.annotations).",
-        ) from None
+    decision = ann.decision_of(site.block.annotations, block_name)
     plan = plan_for(site, decision)
     root_realize: SBlockRealize = func.body
     root = root_realize.block
