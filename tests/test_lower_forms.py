@@ -15,7 +15,11 @@ replays the schedule's trace through JSON and requires the same IR. The forms:
 - ``split_k_aligned``: 3 splits of 3 panels, the split in ``blockIdx.z``, one slot per block;
 - ``split_k_unaligned``: 2 splits of 3 panels through the persistent nest, atomics;
 - ``run_time_grid``: the grid read from the device (at most 18 blocks), read back in each
-  kernel through a one-element register buffer.
+  kernel through a one-element register buffer;
+- ``fragment_split``: dlight's WMMA schedule of a 128x128x128 fp16 GEMM for CUDA (one tile, two
+  64-wide K panels, a ``wmma.accumulator`` fragment staged through shared memory), 2 splits: the
+  split in ``blockIdx.z``, one slot per block, one arrival counter, the last arriver sums both
+  slots in peer order through ``__ldcg``.
 
 When the lowering changes on purpose, print the new IR, review the difference, and replace the
 file; never regenerate without reading it.
@@ -30,6 +34,8 @@ from tvm.s_tir import Schedule, Trace
 
 import tvm_streamk
 from tvm_streamk import workloads
+
+from .test_tensor_core import TARGETS, _dlight_fp16_matmul, _update_block
 
 OPENCL = tvm.target.Target({"kind": "opencl"})
 EXPECTED = Path(__file__).parent / "expected_ir"
@@ -48,27 +54,56 @@ def _schedule() -> Schedule:
     return workloads.reference_schedule(FUNC, bm=32, bn=16, bk=8, tm=4, tn=4)
 
 
-def _printed(sch: Schedule) -> str:
-    return tvm_streamk.lower(sch, OPENCL)["main"].without_attr("target").script()
+def _printed(sch: Schedule, target: tvm.target.Target) -> str:
+    return tvm_streamk.lower(sch, target)["main"].without_attr("target").script()
 
 
-def check_stream_k(expected_name: str, **decision) -> None:
-    """The lowered IR of ``decision`` equals ``expected_ir/<expected_name>.tvmscript``, and so
-    does the IR of the schedule rebuilt from its trace's JSON."""
-    sch = _schedule()
-    tvm_streamk.stream_k(sch, "C_update", target=OPENCL, **decision)
-    found = _printed(sch)
+def check_stream_k(
+    expected_name: str,
+    *,
+    schedule=_schedule,
+    func=FUNC,
+    block: str = "C_update",
+    target: tvm.target.Target = OPENCL,
+    **decision,
+) -> None:
+    """The lowered IR of ``decision`` on ``schedule()`` equals
+    ``expected_ir/<expected_name>.tvmscript``, and so does the IR of the schedule rebuilt from
+    its trace's JSON on ``func``."""
+    sch = schedule()
+    tvm_streamk.stream_k(sch, block, target=target, **decision)
+    found = _printed(sch, target)
     expected = (EXPECTED / f"{expected_name}.tvmscript").read_text()
     if found != expected:
         diff = difflib.unified_diff(
             expected.splitlines(), found.splitlines(), "expected", "lowered", lineterm="", n=1
         )
         pytest.fail(f"{expected_name} differs from its expected IR:\n" + "\n".join(list(diff)[:60]))
-    replayed = Schedule(FUNC)
+    replayed = Schedule(func)
     Trace.apply_json_to_schedule(tvm.ir.load_json(tvm.ir.save_json(sch.trace.as_json())), replayed)
-    assert _printed(replayed) == found, "the replayed trace lowers differently"
+    assert _printed(replayed, target) == found, "the replayed trace lowers differently"
 
 
 @pytest.mark.parametrize("form", FORMS)
 def test_lowered_ir_matches_expected(form):
     check_stream_k(form, **FORMS[form])
+
+
+def test_fragment_split_matches_expected():
+    # dlight refuses tensor cores for an extent <= 64 and tiles 128x128 by 64-wide K panels, so
+    # 128x128x128 is the smallest GEMM that keeps the fragment accumulator without padding.
+    target, sms = TARGETS["sm_80"]
+    func = _dlight_fp16_matmul(128, 128, 128, target).mod["main"]
+    # dlight's schedule is baked into ``func`` (its trace is empty), so the trace replayed onto
+    # ``func`` holds only the Stream-K decision.
+    check_stream_k(
+        "fragment_split",
+        schedule=lambda: Schedule(func),
+        func=func,
+        block=_update_block(Schedule(func)),
+        target=target,
+        policy="split_k",
+        splits=2,
+        fixup="workspace",
+        num_sms=sms,
+    )
