@@ -9,15 +9,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tvm_streamk.decomposition import (
-    CONCRETE_POLICIES,
     INT_OPS,
-    POLICIES,
     DecompositionError,
     Plan,
-    fixup_layout,
     plan,
     tile_order,
 )
+from tvm_streamk.decomposition import policy as policies
+
+CONCRETE_POLICIES = tuple(dict.fromkeys(p.name for p in policies.concrete()))
+
+
+def peers_in_k_order(p: Plan) -> dict[int, list[tuple[int, int]]]:
+    """Per split tile, ``(block, position in work[block])`` of its segments in ``k`` order,
+    found by enumerating the plan's work: the oracle of the peer closed forms."""
+    by_tile: dict[int, list[tuple[int, int, int]]] = {}
+    for b, segments in enumerate(p.work):
+        for i, (tile, k0, _) in enumerate(segments):
+            by_tile.setdefault(tile, []).append((k0, b, i))
+    return {t: [(b, i) for _, b, i in sorted(v)] for t, v in by_tile.items() if len(v) > 1}
+
 
 # --- Hand-computed examples ---------------------------------------------------------------------
 
@@ -81,20 +92,15 @@ def test_blocks_per_sm_multiplies_slots():
     assert plan(100, 8, 10, blocks_per_sm=3, policy="stream_k").grid == 30
 
 
-def test_fixup_layout_example():
-    layout = fixup_layout(plan(3, 4, 2, policy="stream_k"))
-    assert layout.split_tiles == (1,)
-    assert layout.split_tile_index == {1: 0}
-    assert layout.peers == {1: ((0, 1), (1, 0))}
-    assert layout.owner == {1: 0}
-    assert (layout.max_peers, layout.slots, layout.slot_offset) == (2, 2, {1: 0})
-    assert layout.segment_slot == ((-1, 0), (1, -1))
+def test_peers_of_a_stream_k_plan():
+    p = plan(3, 4, 2, policy="stream_k")
+    assert peers_in_k_order(p) == {1: [(0, 1), (1, 0)]}
+    assert (p.split_tiles, p.max_peers, p.workspace_slots) == ((1,), 2, 4)
 
 
-def test_fixup_layout_without_split_tiles():
-    layout = fixup_layout(plan(4, 2, None, policy="data_parallel"))
-    assert (layout.split_tiles, layout.slots, layout.max_peers) == ((), 0, 1)
-    assert layout.segment_slot == ((-1,),) * 4
+def test_nothing_split_without_peers():
+    p = plan(4, 2, None, policy="data_parallel")
+    assert (p.split_tiles, p.max_peers, p.workspace_slots) == ((), 1, 0)
 
 
 def test_tile_order_row_major_with_batch():
@@ -219,7 +225,7 @@ def _merge(ranges):
 @SETTINGS
 @given(plans())
 def test_closed_form_locate_peers_and_peer_index_match_work(p):
-    layout = fixup_layout(p)
+    order = peers_in_k_order(p)
     units = p.units()
     for b in range(p.grid):
         for u in range(units):
@@ -230,7 +236,7 @@ def test_closed_form_locate_peers_and_peer_index_match_work(p):
         assert p.tile_peers(t) == p.peers(t)
     for b, segments in enumerate(p.work):
         for i, (t, k0, _) in enumerate(segments):
-            expected = layout.peers[t].index((b, i)) if t in layout.peers else 0
+            expected = order[t].index((b, i)) if t in order else 0
             assert p.peer_index(b, t, k0) == expected
 
 
@@ -246,37 +252,20 @@ def test_closed_forms_with_empty_stream_k_blocks():
         (0, 3, 4),
     ]
     assert p.tile_peers(0) == p.peers(0) == 4
-    layout = fixup_layout(p)
-    for j, (b, i) in enumerate(layout.peers[0]):
+    for j, (b, i) in enumerate(peers_in_k_order(p)[0]):
         assert p.peer_index(b, 0, p.work[b][i][1]) == j
 
 
 @SETTINGS
 @given(plans())
-def test_fixup_layout_is_consistent(p):
-    layout = fixup_layout(p)
-    assert layout.split_tiles == p.split_tiles
-    assert layout.slots == sum(p.peers(t) for t in p.split_tiles)
-    assert layout.max_peers == max((p.peers(t) for t in p.split_tiles), default=1)
-    offset = 0
-    for n, t in enumerate(layout.split_tiles):
-        assert layout.split_tile_index[t] == n
-        assert layout.slot_offset[t] == offset
-        offset += p.peers(t)
-        k_begins = [p.work[b][i][1] for b, i in layout.peers[t]]
-        assert k_begins == sorted(k_begins) and k_begins[0] == 0
-        assert layout.owner[t] == layout.peers[t][0][0]
-    used = []
-    for b, segments in enumerate(p.work):
-        assert len(layout.segment_slot[b]) == len(segments)
-        for i, (t, _, _) in enumerate(segments):
-            slot = layout.segment_slot[b][i]
-            if t in layout.split_tile_index:
-                assert layout.slot_offset[t] <= slot < layout.slot_offset[t] + p.peers(t)
-                used.append(slot)
-            else:
-                assert slot == -1
-    assert sorted(used) == list(range(layout.slots))
+def test_split_tiles_and_peers_agree_with_the_work(p):
+    order = peers_in_k_order(p)
+    assert p.split_tiles == tuple(sorted(order))
+    assert p.max_peers == max((len(v) for v in order.values()), default=1)
+    for t, segments in order.items():
+        k_begins = [p.work[b][i][1] for b, i in segments]
+        assert k_begins[0] == 0 and k_begins == sorted(k_begins)
+        assert [p.peer_block(t, j) for j in range(len(segments))] == [b for b, _ in segments]
 
 
 @SETTINGS
@@ -477,4 +466,4 @@ def test_tile_order_rejects(extents, group, message):
 
 
 def test_policies_list_heuristic_last():
-    assert POLICIES[-1] == "heuristic" and CONCRETE_POLICIES == POLICIES[:-1]
+    assert policies.names() == (*CONCRETE_POLICIES, "heuristic")

@@ -60,7 +60,7 @@ def test_one_build_fits_any_multiprocessor_count(units, kwargs, monkeypatch):
 def test_the_workspace_is_sized_for_the_largest_run_time_grid(monkeypatch):
     """More compute units than the bound: the grid stops at the bound, the slots fit it."""
     func, sch = _schedule(M=64, N=64, K=8, fixup="workspace", blocks_per_sm=1)
-    monkeypatch.setattr(decomposition, "MAX_RUNTIME_SMS", 3)
+    monkeypatch.setattr(decomposition.plans, "MAX_RUNTIME_SMS", 3)
     monkeypatch.setattr(pocl_lowering, "compute_units", lambda: 5)
     kernel = pocl.compile(sch.mod, pipeline="tvm_streamk")
     persistent = [launch for launch in kernel.launches if len(launch.args) > 3]

@@ -108,7 +108,7 @@ def test_heuristic_records_its_concrete_choice(monkeypatch):
     sch, plan = _scheduled(HEURISTIC_FUNC, policy="heuristic", num_sms=4)
     assert plan.policy != "data_parallel", plan.reason
     text = str(sch.trace)
-    code = annotations.POLICY_CODES[(plan.policy, plan.variant)]
+    code = plan.scheme.code
     assert _recorded_annotation(annotations.KEY_POLICY, code) in text
     assert "heuristic" not in text
     expected = _lowered(sch)

@@ -5,6 +5,7 @@ workspace and counters with all-ones bytes (NaN / -1) before the first launch, a
 GPU memory would be, so a kernel relying on zeroed memory fails here.
 """
 
+import math
 import re
 
 import numpy as np
@@ -128,6 +129,7 @@ def test_deterministic_forces_workspace():
 
 def test_workspace_is_sized_for_the_split_tiles():
     from tvm_streamk.analysis import analyze
+    from tvm_streamk.transform.fixup import footprint
     from tvm_streamk.transform.fixup_workspace import WorkspaceFixup
 
     func = workloads.gemm(96, 96, 40)
@@ -135,7 +137,16 @@ def test_workspace_is_sized_for_the_split_tiles():
     site = analyze(sch.mod["main"], "C_update")
     fix = WorkspaceFixup(site, plan, OPENCL, None, site.band[-1].body)
     # 4 blocks x 2 slots x (32 x 32 fp32) + one int32 counter per tile.
-    assert fix.workspace_bytes == 4 * 2 * 32 * 32 * 4 + 4 * plan.tiles
+    expected = 4 * 2 * 32 * 32 * 4 + 4 * plan.tiles
+    need = footprint(plan, "workspace", tile_elems=32 * 32, acc_bytes=4, out_bytes=4)
+    assert need.workspace_bytes == expected and need.zeroed_bytes == 4 * plan.tiles
+    # The lowering allocates what the footprint (and tvm_streamk.explain) counts.
+    global_bytes = sum(
+        math.prod(int(d) for d in b.shape) * tvm.DataType(str(b.dtype)).bits // 8
+        for b in fix.buffers
+        if b.scope() == "global"
+    )
+    assert global_bytes == expected
 
 
 def test_a_hybrid_keeps_counters_for_its_stream_k_tiles_only():

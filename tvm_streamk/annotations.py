@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 from tvm import tirx
 
+from .decomposition import policy as policies
 from .errors import StreamKError
+from .transform import fixup as fixups
 
 PREFIX = "tvm_streamk."
 KEY_POLICY = PREFIX + "policy"
@@ -23,20 +25,14 @@ KEY_FIXUP = PREFIX + "fixup"
 KEY_GROUP = PREFIX + "group"
 KEYS = (KEY_POLICY, KEY_NUM_SMS, KEY_BLOCKS_PER_SM, KEY_SPLITS, KEY_FIXUP, KEY_GROUP)
 
-# (policy, hybrid variant) <-> code. Concrete policies only: "heuristic" is resolved before it is
-# recorded, so a replayed trace never re-runs the model.
-POLICY_CODES = {
-    ("data_parallel", None): 0,
-    ("split_k", None): 1,
-    ("stream_k", None): 2,
-    ("hybrid", "one_tile"): 3,
-    ("hybrid", "two_tile"): 4,
-}
-POLICY_NAMES = {code: key for key, code in POLICY_CODES.items()}
-FIXUP_CODES = {"atomic": 0, "workspace": 1}
-FIXUP_NAMES = {code: name for name, code in FIXUP_CODES.items()}
+# A policy is recorded by its registered code (tvm_streamk.decomposition.policy). Concrete
+# policies only: "heuristic" is resolved before it is recorded, so a replayed trace never re-runs
+# the model.
+# A fix-up is recorded by its registered code (tvm_streamk.transform.fixup).
 # num_sms recorded as 0 means: read the multiprocessor count of the device at run time.
 DEVICE_SMS = 0
+# num_sms recorded as -1 means: take the SM count of the target the module is compiled for.
+TARGET_SMS = -1
 
 
 @dataclass(frozen=True)
@@ -56,11 +52,11 @@ class Decision:
             return tirx.IntImm("int32", int(v))
 
         return {
-            KEY_POLICY: imm(POLICY_CODES[(self.policy, self.variant)]),
+            KEY_POLICY: imm(policies.get(self.policy, self.variant).code),
             KEY_NUM_SMS: imm(self.num_sms),
             KEY_BLOCKS_PER_SM: imm(self.blocks_per_sm),
             KEY_SPLITS: imm(self.splits),
-            KEY_FIXUP: imm(FIXUP_CODES[self.fixup]),
+            KEY_FIXUP: imm(fixups.get(self.fixup).code),
             KEY_GROUP: imm(self.group),
         }
 
@@ -95,23 +91,24 @@ def decode(annotations, where: str) -> Decision:
         return int(value.value if isinstance(value, tirx.IntImm) else value)
 
     policy_code, fixup_code = as_int(KEY_POLICY), as_int(KEY_FIXUP)
-    if policy_code not in POLICY_NAMES:
+    rule = policies.by_code(policy_code)
+    if rule is None:
         raise ValueError(
             f"annotation {KEY_POLICY}={policy_code} of block {where!r} is not one of "
-            f"{sorted(POLICY_NAMES)}"
+            f"{sorted(policies.codes())}"
         )
-    if fixup_code not in FIXUP_NAMES:
+    fix = fixups.by_code(fixup_code)
+    if fix is None:
         raise ValueError(
             f"annotation {KEY_FIXUP}={fixup_code} of block {where!r} is not one of "
-            f"{sorted(FIXUP_NAMES)}"
+            f"{sorted(fixups.get(n).code for n in fixups.names())}"
         )
-    policy, variant = POLICY_NAMES[policy_code]
     return Decision(
-        policy=policy,
-        variant=variant,
+        policy=rule.name,
+        variant=rule.variant,
         num_sms=as_int(KEY_NUM_SMS),
         blocks_per_sm=as_int(KEY_BLOCKS_PER_SM),
         splits=as_int(KEY_SPLITS),
-        fixup=FIXUP_NAMES[fixup_code],
+        fixup=fix.name,
         group=as_int(KEY_GROUP),
     )

@@ -32,7 +32,7 @@ from .cost_model import FIXUPS as MODEL_FIXUPS
 from .decomposition import DecompositionError
 from .errors import StreamKError
 from .explain import ExplainError, explain
-from .schedule import FIXUPS as SCHEDULE_FIXUPS
+from .transform import fixup as fixups
 
 # Elementwise tolerance of the checks, relative to the largest output: fp32 accumulation of K
 # products of values in [-1, 1] stays within 1e-5 of float64 for the K the demo runs; int8 inputs
@@ -85,15 +85,28 @@ def _add_gemm(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="dtype of A and B")
 
 
+def _schedule_fixups() -> tuple[str, ...]:
+    """What ``stream_k(fixup=)`` takes: ``auto`` and every registered fix-up."""
+    return ("auto", *fixups.names())
+
+
+def _needs_num_sms(policy: str) -> bool:
+    return decomposition.policy.chooser(policy) is not None or (
+        decomposition.policy.get(policy).needs_num_sms
+    )
+
+
 def _add_policy(p: argparse.ArgumentParser, default: str, fixups) -> None:
     p.add_argument(
         "--policy",
-        choices=decomposition.POLICIES,
+        choices=decomposition.policy.names(),
         default=default,
         help=f"decomposition (default {default}); 'heuristic' asks the cost model",
     )
     p.add_argument("--splits", type=_positive, help="K splits, for --policy split_k")
-    p.add_argument("--variant", choices=decomposition.HYBRID_VARIANTS, help="for --policy hybrid")
+    p.add_argument(
+        "--variant", choices=decomposition.policy.variants("hybrid"), help="for --policy hybrid"
+    )
     p.add_argument("--blocks-per-sm", type=_positive, default=1, help="resident blocks per SM")
     # "auto" (where the primitive offers it) lets it pick atomics where they are exact enough.
     default_fixup = "auto" if "auto" in fixups else "atomic"
@@ -123,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--num-sms", type=_positive, help="SMs to plan for (default: the device's own count)"
     )
-    _add_policy(demo, "stream_k", SCHEDULE_FIXUPS)
+    _add_policy(demo, "stream_k", _schedule_fixups())
     demo.add_argument(
         "--device",
         choices=devices.DEVICES,
@@ -147,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument(
         "--num-sms", type=_positive, help="SMs to plan for (default: from the target's tag)"
     )
-    _add_policy(source, "stream_k", SCHEDULE_FIXUPS)
+    _add_policy(source, "stream_k", _schedule_fixups())
     source.set_defaults(run=_source)
 
     expl = sub.add_parser(
@@ -251,7 +264,7 @@ def _demo(args) -> int:
     )
     # The Stream-K kernel is named after its plan; a data_parallel plan still goes through the
     # tvm_streamk pipeline, which must leave it as it was.
-    label = plan.label if plan.policy != "data_parallel" else "data_parallel (tvm_streamk)"
+    label = plan.label if not plan.scheme.is_original else f"{plan.label} (tvm_streamk)"
     kernels = {}
     for name, sch, pipeline in (
         ("data-parallel", baseline, "default"),
@@ -371,7 +384,7 @@ def _explain(args) -> int:
     if num_sms is None and args.target is not None:
         tag, target = _parse_target(args.target)
         num_sms = _target_num_sms(None, tag, target)
-    if num_sms is None and args.policy in ("stream_k", "hybrid", "heuristic"):
+    if num_sms is None and _needs_num_sms(args.policy):
         raise _UsageError(
             f"--policy {args.policy} sizes the grid from the SM count: give --num-sms N or "
             "--target TAG"

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .decomposition import DecompositionError, Plan, plan
+from .decomposition import policy as policies
 
 __all__ = [
     "DEFAULT_COST",
@@ -57,10 +58,6 @@ __all__ = [
     "predicted_time",
 ]
 
-# Candidate split counts: beyond 16 the owner's serial read of partials dominates any gain.
-MAX_SPLITS = 16
-# split_k candidates may launch at most this many waves of blocks.
-MAX_SPLIT_WAVES = 2
 # Fixed-point passes of the scheduler; two suffice when all blocks are resident at once.
 _MAX_PASSES = 8
 
@@ -386,10 +383,12 @@ def calibrate(
 def candidates(tiles: int, panels: int, num_sms: int, blocks_per_sm: int = 1) -> list[Plan]:
     """The plans :func:`choose` compares, most data-parallel first.
 
-    Data-parallel; split-K for ``2 <= S <= min(panels, MAX_SPLITS)`` while ``tiles * S`` fits in
-    ``MAX_SPLIT_WAVES`` waves; the one-tile and two-tile hybrids where they differ from both
-    data-parallel and Stream-K; Stream-K. The order breaks ties: the more of a plan is
-    data-parallel, the more it keeps the wave-by-wave L2 reuse that the model does not see.
+    Each registered policy offers its own (:meth:`Policy.candidates
+    <tvm_streamk.decomposition.policy.Policy.candidates>`): data-parallel; split-K for
+    ``2 <= S <= min(panels, 16)`` while ``tiles * S`` fits in two waves; the one-tile and
+    two-tile hybrids where they differ from both data-parallel and Stream-K; Stream-K. They are
+    ordered by the policies' rank, which breaks ties: the more of a plan is data-parallel, the
+    more it keeps the wave-by-wave L2 reuse that the model does not see.
 
     Parameters
     ----------
@@ -401,18 +400,10 @@ def candidates(tiles: int, panels: int, num_sms: int, blocks_per_sm: int = 1) ->
     list of Plan
     """
     slots = num_sms * blocks_per_sm
-    out = [plan(tiles, panels, num_sms, blocks_per_sm, "data_parallel")]
-    for s in range(2, min(panels, MAX_SPLITS) + 1):
-        if tiles * s > MAX_SPLIT_WAVES * slots:
-            break
-        out.append(plan(tiles, panels, num_sms, blocks_per_sm, "split_k", splits=s))
-    for variant in ("one_tile", "two_tile"):
-        hybrid = plan(tiles, panels, num_sms, blocks_per_sm, "hybrid", variant=variant)
-        # Skip hybrids that are data-parallel (full waves) or Stream-K (one partial wave) under
-        # another name.
-        if 0 < hybrid.sk_tiles < tiles:
-            out.append(hybrid)
-    out.append(plan(tiles, panels, num_sms, blocks_per_sm, "stream_k"))
+    out = []
+    for rule in sorted(policies.concrete(), key=lambda r: r.rank):
+        for kwargs in rule.candidates(tiles, panels, slots):
+            out.append(plan(tiles, panels, num_sms, blocks_per_sm, rule.name, **kwargs))
     return out
 
 
@@ -467,11 +458,12 @@ def choose(
             reason=f"tiles {tiles} = {waves} full wave(s) of {slots} slots: data-parallel has "
             "no quantisation loss",
         )
-    scored = [
+    t_dp = predicted_time(dp, cost=cost, fixup=fixup)
+    scored = [(t_dp, dp)] + [
         (predicted_time(c, cost=cost, fixup=fixup), c)
         for c in candidates(tiles, panels, num_sms, blocks_per_sm)
+        if c.policy != dp.policy
     ]
-    t_dp = scored[0][0]
     t_best = min(t for t, _ in scored)
     # The first candidate within rounding of the minimum is the simplest of the fastest.
     t_pick, pick = next((t, c) for t, c in scored if t <= t_best * (1 + 1e-9))
@@ -479,7 +471,7 @@ def choose(
         t_pick, pick = scored[0]
     last = tiles - (waves - 1) * slots
     quant = f"data-parallel runs {waves} wave(s) of {slots} slots, the last {last}/{slots} full"
-    if pick.policy == "data_parallel":
+    if pick is dp:
         t_alt, alt = min(scored[1:], key=lambda sc: sc[0])
         why = (
             f"less than the {cost.min_gain:.0%} margin faster"
@@ -496,3 +488,6 @@ def choose(
             f"{t_dp:.0f} ({t_dp / t_pick:.2f}x): {quant}"
         )
     return dataclasses.replace(pick, reason=reason)
+
+
+policies.register_chooser("heuristic", choose)

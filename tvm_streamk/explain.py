@@ -23,13 +23,13 @@ from . import cost_model, decomposition
 from ._compat import SBlockRealize, structural_map
 from .analysis import StreamKSite, analyze, blocks_under, find_block_path
 from .decomposition import Plan
+from .transform import fixup as fixups
 from .transform.lower_stream_k import plan_for
 
 __all__ = ["ExplainError", "Explanation", "PlanStats", "explain", "workspace_slots"]
 
 FIXUPS = cost_model.FIXUPS
 # The workspace fix-up counts arrivals at each tile in one int32.
-_COUNTER_BYTES = 4
 
 
 class ExplainError(ValueError):
@@ -313,24 +313,14 @@ def workspace_slots(p: Plan) -> int:
     return p.workspace_slots
 
 
-def _fixup_bytes(p: Plan, fixup: str, tile_elems: int, acc_bytes: int, out_bytes: int):
-    """``(workspace bytes, zeroed bytes)`` of one call of the kernel ``p`` describes."""
-    if not p.split_tiles:
-        return 0, 0
-    if fixup == "atomic":
-        return 0, len(p.split_tiles) * tile_elems * out_bytes
-    counters = _COUNTER_BYTES * p.counter_tiles
-    return workspace_slots(p) * tile_elems * acc_bytes + counters, counters
-
-
 def _stats(p: Plan, fixup: str, tile_elems: int | None, acc_bytes: int, out_bytes: int):
     slots = _slots(p)
-    layout = decomposition.fixup_layout(p)
     iterations = p.iterations_per_block
     segments = [len(w) for w in p.work]
     workspace = zeroed = None
     if tile_elems is not None:
-        workspace, zeroed = _fixup_bytes(p, fixup, tile_elems, acc_bytes, out_bytes)
+        need = fixups.footprint(p, fixup, tile_elems, acc_bytes, out_bytes)
+        workspace, zeroed = need.workspace_bytes, need.zeroed_bytes
     predicted = None
     if slots is not None:
         predicted = cost_model.predicted_time(p, fixup=fixup)
@@ -340,8 +330,8 @@ def _stats(p: Plan, fixup: str, tile_elems: int | None, acc_bytes: int, out_byte
         waves=None if slots is None else -(-p.grid // slots),
         iterations_per_block=(min(iterations), max(iterations)),
         segments_per_block=(min(segments), max(segments)),
-        split_tiles=len(layout.split_tiles),
-        max_peers=layout.max_peers,
+        split_tiles=len(p.split_tiles),
+        max_peers=p.max_peers,
         workspace_slots=workspace_slots(p),
         workspace_bytes=workspace,
         zeroed_bytes=zeroed,
@@ -424,11 +414,16 @@ def _from_kernel(obj, *, tile_shape, fixup, block, num_sms, accumulator_bytes, o
             f"block {block_name!r} records fixup={decision.fixup!r}, found fixup={fixup!r}; drop "
             "fixup= for a kernel"
         )
-    if decision.num_sms == ann.DEVICE_SMS:
+    if decision.num_sms in (ann.DEVICE_SMS, ann.TARGET_SMS):
         if num_sms is None:
+            when = (
+                "on the device at run time"
+                if decision.num_sms == ann.DEVICE_SMS
+                else "from the target it is compiled for"
+            )
             raise ExplainError(
-                f"block {block_name!r} reads its SM count on the device at run time; pass "
-                "num_sms= (e.g. tvm_streamk.device.num_sms(device)) to explain it"
+                f"block {block_name!r} takes its SM count {when}; pass num_sms= (e.g. "
+                "tvm_streamk.device.num_sms(device)) to explain it"
             )
         decision = dataclasses.replace(decision, num_sms=num_sms)
     elif num_sms is not None and num_sms != decision.num_sms:

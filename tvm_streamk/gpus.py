@@ -9,9 +9,10 @@ one.
 
 from __future__ import annotations
 
-import operator
 from types import MappingProxyType
 from typing import Any
+
+from .decomposition.ops import DecompositionError, positive_int
 
 __all__ = [
     "SM_COUNT_BY_ARCH",
@@ -79,17 +80,10 @@ SM_COUNT_BY_ARCH = MappingProxyType(
 
 
 def _check_positive(num_sms: Any) -> int:
-    if isinstance(num_sms, bool):
-        raise UnknownGPUError(f"num_sms must be a positive int, found the bool {num_sms!r}")
     try:
-        value = operator.index(num_sms)
-    except TypeError:
-        raise UnknownGPUError(
-            f"num_sms must be a positive int, found {num_sms!r} ({type(num_sms).__name__})"
-        ) from None
-    if value < 1:
-        raise UnknownGPUError(f"num_sms must be a positive int, found {value}")
-    return value
+        return positive_int("num_sms", num_sms, "the GPU's multiprocessor count")
+    except DecompositionError as err:
+        raise UnknownGPUError(str(err)) from None
 
 
 def resolve_num_sms(
@@ -140,7 +134,13 @@ def resolve_num_sms(
     )
 
 
-def num_sms_for_target(num_sms: int | None = None, target=None, tag: str | None = None) -> int:
+def num_sms_for_target(
+    num_sms: int | None = None,
+    target=None,
+    tag: str | None = None,
+    *,
+    opencl_compute_units: bool = False,
+) -> int:
     """The SM count for ``target``: the one function every integration resolves it with.
 
     Parameters
@@ -152,6 +152,9 @@ def num_sms_for_target(num_sms: int | None = None, target=None, tag: str | None 
         arch are looked up in the tables.
     tag : str, optional
         The tag string the target was built from, when the caller still has it.
+    opencl_compute_units : bool
+        For an OpenCL target, take the compute units of the OpenCL device the CPU proof runs on
+        (:func:`tvm_streamk.pocl.compute_units`): what the lowering and tuning for PoCL do.
 
     Raises
     ------
@@ -160,6 +163,10 @@ def num_sms_for_target(num_sms: int | None = None, target=None, tag: str | None 
     """
     if num_sms is not None or target is None:
         return resolve_num_sms(num_sms, tag=tag)
+    if opencl_compute_units and target.kind.name == "opencl":
+        from .pocl import compute_units
+
+        return compute_units()
     from ._compat import target_tag
 
     attrs = target.attrs

@@ -9,18 +9,21 @@ MetaSchedule annotation.
 
 from __future__ import annotations
 
+from .decomposition import policy as policies
 from .errors import StreamKError
 
 # Condition names of the rules below, as StreamKError.condition reports them.
 COND_RUNTIME_GRID = "num-sms"
 COND_GROUP = "group"
+COND_FRAGMENT_SPLIT = "fragment-aligned-split"
 
 
 def check_runtime_grid(policy: str, fragment_accumulator: bool, where: str = "") -> None:
     """Refuse a grid read from the device at run time (``num_sms="device"``) where it cannot work.
 
-    Only ``stream_k`` evaluates its closed forms on a grid variable; the other policies fix
-    their grid from the SM count at compile time. Tensor-core fragments take only the aligned
+    Only a policy whose closed forms take a grid variable (``stream_k``) can; the others fix
+    their grid from the SM count at compile time, and a chooser such as ``heuristic`` needs the
+    count to choose. Tensor-core fragments take only the aligned
     split-K, whose grid is the tile count times the split. Both fix-ups work: the workspace
     fix-up is sized for the largest grid the run time launches
     (:meth:`~tvm_streamk.decomposition.Plan.runtime_grid_bound`).
@@ -32,12 +35,13 @@ def check_runtime_grid(policy: str, fragment_accumulator: bool, where: str = "")
             f"num_sms='device' for a tensor-core fragment accumulator{on}",
             "The aligned split of fragments fixes its grid at compile time; pass num_sms.",
         )
-    if policy != "stream_k":
+    capable = [p.name for p in policies.concrete() if p.runtime_grid]
+    if policy not in capable:
         raise StreamKError(
             COND_RUNTIME_GRID,
             f"num_sms='device' with policy={policy!r}{on}",
-            "Only policy='stream_k' derives its work split from the run-time grid; pass "
-            "num_sms for the other policies.",
+            f"Only policy {' or '.join(map(repr, capable))} derives its work split from the "
+            "run-time grid; pass num_sms for the other policies.",
         )
 
 
@@ -55,3 +59,25 @@ def check_group(group: int | None, band_extents: tuple, where: str = "") -> None
             "Drop group (the fused band has no tile rows to group), or keep the tile loops "
             "unfused (one blockIdx loop per axis).",
         )
+
+
+def check_fragment_plan(plan, fragment_accumulator: bool, where: str = "") -> None:
+    """Refuse a plan a tensor-core fragment accumulator cannot take.
+
+    Fragments have no addressable elements and the software pipeline over K panels needs a
+    constant trip count, so a fragment tile is only ever computed whole (a policy that is the
+    kernel as written) or cut into ``S`` equal panel ranges with ``S`` dividing the panel count
+    (:meth:`~tvm_streamk.decomposition.policy.Policy.aligned_splits`).
+    """
+    if not fragment_accumulator or plan.scheme.is_original or plan.aligned_splits is not None:
+        return
+    on = f" of block {where!r}" if where else ""
+    divisors = [d for d in range(2, plan.panels + 1) if plan.panels % d == 0]
+    raise StreamKError(
+        COND_FRAGMENT_SPLIT,
+        f"a {plan.label} decomposition of {plan.panels} panels for the tensor-core fragment "
+        f"accumulator{on}",
+        f"Fragments take only aligned splits: split_k with a split that divides the panel "
+        f"count, one of {divisors}, or data_parallel (policy 'stream_k' or 'heuristic' picks "
+        "one for you in tvm_streamk.stream_k).",
+    )

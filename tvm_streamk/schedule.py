@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import tvm
 
 from . import annotations as ann
 from . import cost_model, decomposition, gpus
 from ._compat import Schedule
 from .analysis import StreamKSite, analyze_block, sblock_rv
+from .decomposition import policy as policies
 from .errors import StreamKError
-from .legality import check_group, check_runtime_grid
+from .legality import check_fragment_plan, check_group, check_runtime_grid
+from .transform import fixup as fixups
 from .transform.fixup_atomic import atomic_dtype_error
 from .transform.lower_stream_k import check_fixup
 
-FIXUPS = ("auto", "atomic", "workspace")
 # Accumulator dtypes whose atomic merge is exact (int) or as accurate as the serial sum (fp32/64).
 EXACT_ENOUGH_FOR_ATOMICS = ("float32", "float64", "int32")
 
@@ -24,10 +27,19 @@ def _resolve_target(target) -> tvm.target.Target | None:
     return target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
 
 
-def _resolve_num_sms(num_sms, target: tvm.target.Target | None) -> int:
+def _resolve_num_sms(num_sms, target: tvm.target.Target | None, deferrable: bool) -> int | None:
+    """The SM count to plan for now, or None to leave it to the compile target.
+
+    With no count and no target in tables, a decision whose policy does not need the count to
+    choose is recorded for the target it will be compiled for (:data:`annotations.TARGET_SMS`):
+    a CUDA tag of the table, or the OpenCL device's compute units.
+    """
     try:
         return gpus.num_sms_for_target(num_sms, target)
     except ValueError as err:
+        unknown_cuda = target is not None and target.kind.name != "opencl"
+        if num_sms is None and deferrable and not unknown_cuda:
+            return None
         raise StreamKError("num-sms", str(err), "Pass num_sms=<the GPU's SM count>.") from None
 
 
@@ -70,7 +82,12 @@ def stream_k(
         ``"device"`` (``policy="stream_k"``, either fix-up) reads the count from the device at
         run time: the host sizes the grid (at most ``decomposition.MAX_RUNTIME_SMS`` SMs' worth)
         and the kernel takes its work split from the launched grid, so one build fits any GPU.
-        The returned plan is then the one for a single SM.
+        With neither a count nor a target the table knows (no target at all, or an OpenCL
+        target), a concrete policy's decision is left to the target the module is compiled for:
+        ``tvm.compile(mod, target="nvidia/nvidia-h100", tir_pipeline="tvm_streamk")`` plans for
+        its 132 SMs, an OpenCL build for the PoCL device's compute units. ``"heuristic"`` and
+        tensor-core fragments need the count now. In both cases the returned plan is the one
+        for a single SM.
     blocks_per_sm : int
         Resident blocks per SM; the persistent grid is ``blocks_per_sm * num_sms``.
     fixup : str
@@ -133,13 +150,13 @@ def stream_k(
     ``tests/test_lower_structural.py`` for a complete expected IR).
     """
     block_rv = sblock_rv(sch, block)
-    if fixup not in FIXUPS:
-        raise StreamKError("fixup", f"fixup={fixup!r}", f"Use one of {list(FIXUPS)}.")
-    if deterministic and fixup == "atomic":
+    if fixup != "auto" and fixup not in fixups.names():
+        raise StreamKError("fixup", f"fixup={fixup!r}", f"Use one of {['auto', *fixups.names()]}.")
+    if deterministic and fixup != "auto" and not fixups.get(fixup).deterministic:
         raise StreamKError(
             "fixup",
-            "deterministic=True with fixup='atomic'",
-            "Atomic merges depend on arrival order; use fixup='workspace' or 'auto'.",
+            f"deterministic=True with fixup={fixup!r}",
+            "Its merges depend on arrival order; use fixup='workspace' or 'auto'.",
         )
     if group is not None and (not isinstance(group, int) or group < 1):
         raise StreamKError("group", f"group={group!r}", "Pass a positive int, or None.")
@@ -151,12 +168,20 @@ def stream_k(
     check_fixup(site, fixup, target)
     check_group(group, site.band_extents)
     device_mode = num_sms == "device"
+    recorded_sms = None
     if device_mode:
         check_runtime_grid(policy, site.fragment_accumulator)
-        # Plan for one SM: the lowering evaluates the same closed forms on the run-time grid.
-        sms = 1
+        recorded_sms = ann.DEVICE_SMS
     else:
-        sms = _resolve_num_sms(num_sms, target)
+        # A chooser, and the aligned split of fragments, need the count to choose.
+        deferrable = policies.chooser(policy) is None and not site.fragment_accumulator
+        sms = _resolve_num_sms(num_sms, target, deferrable)
+        if sms is None:
+            recorded_sms = ann.TARGET_SMS
+    if recorded_sms is not None:
+        # Plan for one SM: the lowering evaluates the same closed forms on the run-time grid,
+        # or plans again for the compile target's count.
+        sms = 1
 
     try:
         if site.fragment_accumulator:
@@ -174,15 +199,18 @@ def stream_k(
             )
     except ValueError as err:
         raise StreamKError("decomposition", str(err), "Fix the policy arguments.") from None
+    if recorded_sms is not None:
+        when = "the run-time grid" if device_mode else "the compile target's SM count"
+        chosen = dataclasses.replace(chosen, reason=f"planned for one SM: the kernel uses {when}")
     if site.has_init:
         # The persistent kernel re-initialises the accumulator per segment, before its panels.
         sch.decompose_reduction(block_rv, _panel_loop_rv(sch, block_rv, site))
     decision = ann.Decision(
         policy=chosen.policy,
-        variant=chosen.variant if chosen.policy == "hybrid" else None,
-        num_sms=ann.DEVICE_SMS if device_mode else sms,
+        variant=chosen.variant,
+        num_sms=sms if recorded_sms is None else recorded_sms,
         blocks_per_sm=blocks_per_sm,
-        splits=chosen.splits if chosen.policy == "split_k" else 1,
+        splits=chosen.splits,
         fixup=fixup,
         group=group or 0,
     )
@@ -198,32 +226,18 @@ def stream_k(
 
 
 def _aligned_plan(site: StreamKSite, sms: int, blocks_per_sm: int, policy: str, splits):
-    """The aligned split-K plan a tensor-core fragment accumulator allows.
+    """The plan a tensor-core fragment accumulator allows (see
+    :func:`tvm_streamk.legality.check_fragment_plan`).
 
-    Fragments have no addressable elements and the software pipeline over K panels needs a
-    constant trip count, so each tile is split into ``S`` equal panel ranges with ``S`` dividing
-    the panel count. ``stream_k``/``heuristic`` choose ``S`` with the cost model.
+    An explicit policy is checked as it is; ``stream_k``/``heuristic`` choose the aligned split
+    ``S`` (a divisor of the panel count, 1 being data-parallel) with the cost model.
     """
     panels = site.panels
-    divisors = [d for d in range(1, panels + 1) if panels % d == 0]
-    if policy == "split_k":
-        if splits not in divisors:
-            raise StreamKError(
-                "fragment-aligned-split",
-                f"splits={splits!r} for {panels} K panels of a tensor-core fragment accumulator",
-                f"Fragment accumulators need a split that divides the panel count: one of "
-                f"{divisors}.",
-            )
-        return decomposition.plan(site.tiles, panels, sms, blocks_per_sm, "split_k", splits)
-    if policy == "data_parallel":
-        return decomposition.plan(site.tiles, panels, sms, blocks_per_sm, "data_parallel")
     if policy not in ("stream_k", "heuristic"):
-        raise StreamKError(
-            "fragment-aligned-split",
-            f"policy={policy!r} for a tensor-core fragment accumulator",
-            "Fragments take only aligned splits: policy 'stream_k' or 'heuristic' (the split "
-            "is chosen for you), 'split_k' with a dividing split, or 'data_parallel'.",
-        )
+        chosen = decomposition.plan(site.tiles, panels, sms, blocks_per_sm, policy, splits=splits)
+        check_fragment_plan(chosen, site.fragment_accumulator)
+        return chosen
+    divisors = [d for d in range(1, panels + 1) if panels % d == 0]
     candidates = [decomposition.plan(site.tiles, panels, sms, blocks_per_sm, "data_parallel")]
     candidates += [
         decomposition.plan(site.tiles, panels, sms, blocks_per_sm, "split_k", d)

@@ -1,6 +1,6 @@
 """MetaSchedule integration: Stream-K candidates in the design space, measured and modelled."""
 
-from .annotate import POLICY_CHOICES, annotate_stream_k, applicable_fixups, check_decision, site_of
+from .annotate import annotate_stream_k, applicable_fixups, check_decision, site_of
 from .builder import build, export, stream_k_builder
 from .features import StreamKFeatureExtractor
 from .mutator import MutateStreamK, stream_k_decisions
@@ -19,7 +19,6 @@ from .tune import (
 from .view import has_stream_k, lowered_view
 
 __all__ = [
-    "POLICY_CHOICES",
     "MutateStreamK",
     "PoclRunner",
     "StreamKFeatureExtractor",

@@ -20,46 +20,38 @@ from .. import annotations as ann
 from .. import decomposition
 from .._compat import Schedule
 from ..analysis import StreamKSite, analyze_block, blocks_under, sblock_rv
+from ..decomposition import policy as policies
 from ..errors import StreamKError
-from ..legality import check_group, check_runtime_grid
-from ..transform.fixup_workspace import COND_FRAGMENT_SPLIT
+from ..legality import check_fragment_plan, check_group, check_runtime_grid
+from ..transform import fixup as fixups
 from ..transform.lower_stream_k import check_fixup, plan_for
-
-# Names of the policies a knob may take, each standing for one (policy, hybrid variant) pair of
-# ``tvm_streamk.annotations.POLICY_CODES``.
-POLICY_CHOICES = {
-    "data_parallel": ("data_parallel", None),
-    "split_k": ("split_k", None),
-    "stream_k": ("stream_k", None),
-    "hybrid_one_tile": ("hybrid", "one_tile"),
-    "hybrid_two_tile": ("hybrid", "two_tile"),
-}
 
 
 def policy_code(name: str) -> int:
-    """The annotation code of a policy name of :data:`POLICY_CHOICES`.
+    """The annotation code of a policy knob name: a registered policy's
+    :attr:`~tvm_streamk.decomposition.policy.Policy.key` (``"split_k"``, ``"hybrid_one_tile"``).
 
     Examples
     --------
     >>> policy_code("stream_k"), policy_code("hybrid_two_tile")
     (2, 4)
     """
-    if name not in POLICY_CHOICES:
-        raise StreamKError("policy", f"policy {name!r}", f"Use one of {sorted(POLICY_CHOICES)}.")
-    return ann.POLICY_CODES[POLICY_CHOICES[name]]
+    try:
+        return policies.by_key(name).code
+    except decomposition.DecompositionError:
+        known = [p.key for p in policies.concrete()]
+        raise StreamKError("policy", f"policy {name!r}", f"Use one of {known}.") from None
 
 
 def fixup_code(name: str) -> int:
-    """The annotation code of a fix-up name of :data:`tvm_streamk.annotations.FIXUP_CODES`.
+    """The annotation code of a registered fix-up (:mod:`tvm_streamk.transform.fixup`).
 
     Examples
     --------
     >>> fixup_code("atomic")
     0
     """
-    if name not in ann.FIXUP_CODES:
-        raise StreamKError("fixup", f"fixup={name!r}", f"Use one of {sorted(ann.FIXUP_CODES)}.")
-    return ann.FIXUP_CODES[name]
+    return fixups.get(name).code
 
 
 def site_of(sch: Schedule, block) -> StreamKSite:
@@ -74,14 +66,11 @@ def site_of(sch: Schedule, block) -> StreamKSite:
 
 
 def applicable_fixups(site: StreamKSite, target: tvm.target.Target | None) -> tuple[str, ...]:
-    """The fix-ups a decision can record (:data:`tvm_streamk.annotations.FIXUP_CODES`) that the
-    lowering accepts for this site and target.
-
-    A new fix-up becomes a tuning choice as soon as it has a code there and passes the lowering's
-    own check.
+    """The registered fix-ups (:mod:`tvm_streamk.transform.fixup`) whose own check accepts this
+    site and target: a new fix-up becomes a tuning choice as soon as it is registered.
     """
     usable = []
-    for fixup in ann.FIXUP_CODES:
+    for fixup in fixups.names():
         try:
             check_fixup(site, fixup, target)
         except StreamKError:
@@ -143,7 +132,7 @@ def annotate_stream_k(
         Streaming multiprocessors (or compute units) of the device: a fact, never sampled.
         ``"device"`` reads the count at run time (stream_k only).
     policy : str, int or ExprRV
-        A name of :data:`POLICY_CHOICES`, or a policy code.
+        A policy key (see :func:`policy_code`), or a policy code.
     blocks_per_sm, splits, group : int or ExprRV
         As for :func:`tvm_streamk.stream_k`; ``splits`` is used by ``split_k`` only and
         ``group=0`` means row-major tile order.
@@ -223,31 +212,22 @@ def check_decision(site: StreamKSite, annotations, target) -> decomposition.Plan
     """
     where = site.block.name_hint
     decision = ann.decision_of(annotations, where)
-    if decision.num_sms < 0 or decision.group < 0:
+    if decision.num_sms < ann.TARGET_SMS or decision.group < 0:
         raise StreamKError(
             "decision",
             f"num_sms={decision.num_sms}, group={decision.group} on block {where!r}",
-            "Record a positive SM count (or DEVICE_SMS) and a group >= 0.",
+            "Record a positive SM count (or DEVICE_SMS, TARGET_SMS) and a group >= 0.",
         )
     check_fixup(site, decision.fixup, target)
     try:
-        plan = plan_for(site, decision)
+        plan = plan_for(site, decision, target)
     except ValueError as err:
         raise StreamKError(
             "decomposition",
             f"{err} (block {where!r}: {site.tiles} tiles of {site.panels} panels)",
             "Sample knobs valid for the tiling.",
         ) from None
-    aligned = plan.policy == "data_parallel" or (
-        plan.policy == "split_k" and site.panels % plan.splits == 0
-    )
-    if site.fragment_accumulator and not aligned:
-        raise StreamKError(
-            COND_FRAGMENT_SPLIT,
-            f"a {plan.policy} decision for the tensor-core fragment accumulator of {where!r} "
-            f"({site.panels} panels, splits={plan.splits})",
-            "Fragments take only split_k with a split dividing the panel count.",
-        )
+    check_fragment_plan(plan, site.fragment_accumulator, where)
     check_group(decision.group, site.band_extents, where)
     if decision.num_sms == ann.DEVICE_SMS:
         check_runtime_grid(plan.policy, site.fragment_accumulator, where)

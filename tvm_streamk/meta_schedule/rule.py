@@ -10,6 +10,7 @@ from tvm.ir.utils import derived_object
 from .. import annotations as ann
 from .. import gpus
 from .._compat import Schedule, meta_schedule
+from ..decomposition.policy import by_key
 from ..errors import StreamKError
 from .annotate import (
     annotate_stream_k,
@@ -27,7 +28,7 @@ class StreamKKnobs:
     Attributes
     ----------
     policies : tuple of str
-        Names of :data:`tvm_streamk.meta_schedule.annotate.POLICY_CHOICES`. ``data_parallel`` is
+        Policy keys (:func:`tvm_streamk.meta_schedule.annotate.policy_code`). ``data_parallel`` is
         left out by default: the rule keeps the unannotated candidate, which is data-parallel.
     blocks_per_sm : tuple of int
         Resident blocks per SM the persistent grid is sized for.
@@ -37,7 +38,7 @@ class StreamKKnobs:
         Tile-row groups of the tile visiting order; 0 is row-major.
     fixups : tuple of str, optional
         Fix-ups to choose from; by default every one of
-        :data:`tvm_streamk.annotations.FIXUP_CODES` the kernel can use.
+        registered fix-up (:mod:`tvm_streamk.transform.fixup`) the kernel can use.
     """
 
     policies: tuple[str, ...] = ("stream_k", "hybrid_two_tile", "hybrid_one_tile", "split_k")
@@ -121,12 +122,13 @@ class StreamKRule(meta_schedule.schedule_rule.PyScheduleRule):
         if self.knobs.fixups is not None:
             fixups = tuple(f for f in fixups if f in self.knobs.fixups)
         splits = [s for s in self.knobs.splits if s <= site.panels]
-        policies = [p for p in self.knobs.policies if p != "split_k" or splits]
+        takes_splits = {p: by_key(p).takes_splits for p in self.knobs.policies}
+        policies = [p for p in self.knobs.policies if not takes_splits[p] or splits]
         if site.fragment_accumulator:
             # Tensor-core fragments have no addressable elements: only splits of whole,
-            # equal panel ranges can be merged (see tvm_streamk.stream_k).
+            # equal panel ranges can be merged (tvm_streamk.legality.check_fragment_plan).
             splits = [s for s in splits if site.panels % s == 0]
-            policies = ["split_k"] if splits and "split_k" in self.knobs.policies else []
+            policies = [p for p in policies if takes_splits[p]] if splits else []
         if not fixups or not policies:
             return [sch]
 

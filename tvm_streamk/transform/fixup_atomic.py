@@ -18,6 +18,7 @@ from tvm import tirx
 from .._compat import SBlock, SBlockRealize, dtype_of
 from ..analysis import COND_ATOMIC, COND_EPILOGUE, StreamKSite
 from ..errors import StreamKError
+from . import fixup
 from ._ir import (
     Segment,
     bound_loop,
@@ -67,36 +68,6 @@ def atomic_dtype_error(dtype: str, target: tvm.target.Target) -> str | None:
     return f"target kind {kind!r}; the atomic fix-up is emitted for CUDA and OpenCL only"
 
 
-def check(site: StreamKSite, target: tvm.target.Target | None) -> None:
-    """Refuse a site the atomic fix-up cannot merge; ``target`` may be None (checked later)."""
-    if site.epilogue:
-        wb = next(w for w in site.writebacks if not w.plain_copy)
-        raise StreamKError(
-            COND_EPILOGUE,
-            f"write-back block {wb.block.name_hint!r} computes `{wb.block.body.value}` "
-            f"into {wb.output.name} ({wb.output.dtype}) from the {site.accumulator_dtype} "
-            "accumulator",
-            "Atomic adds merge raw partial sums, so a fused epilogue (bias, activation, cast) "
-            "would be applied to each partial; use the workspace fix-up (fixup='workspace') "
-            "or move the epilogue into its own kernel.",
-        )
-    if site.fragment_accumulator:
-        raise StreamKError(
-            COND_ATOMIC,
-            f"accumulator {site.accumulator.name} lives in tensor-core fragment scope "
-            f"{site.accumulator.scope()!r}, whose elements have no addresses",
-            "Use the workspace fix-up (fixup='workspace').",
-        )
-    if target is not None:
-        reason = atomic_dtype_error(site.accumulator_dtype, target)
-        if reason is not None:
-            raise StreamKError(
-                COND_ATOMIC,
-                reason,
-                "Use the workspace fix-up (fixup='workspace'), or accumulate in float32.",
-            )
-
-
 def atomic_add(target: tvm.target.Target, dtype: str, address, value) -> tirx.Expr:
     """The target's atomic ``*address += value`` (returning the old value) as a TIR call."""
     if target.kind.name == "cuda":
@@ -106,18 +77,52 @@ def atomic_add(target: tvm.target.Target, dtype: str, address, value) -> tirx.Ex
     return tirx.call_extern(dtype, "atomic_add", address, value)
 
 
-class AtomicFixup:
+@fixup.register
+class AtomicFixup(fixup.Fixup):
     """Merge partial tiles with atomic adds; see the module docstring."""
 
-    def __init__(self, site: StreamKSite, plan, target, group: int | None, tile_body, grid=None):
-        check(site, target)
-        self.site, self.plan, self.target, self.group = site, plan, target, group
-        self.tile_body = tile_body
-        # The launched grid when only known at run time; None for the plan's own grid.
-        self.grid = grid
-        self.names = {wb.block.name_hint for wb in site.writebacks}
+    name = "atomic"
+    code = 0
 
-    buffers: tuple = ()
+    @classmethod
+    def check(cls, site: StreamKSite, target: tvm.target.Target | None) -> None:
+        """Refuse a site the atomic fix-up cannot merge; ``target`` may be None (checked later)."""
+        if site.epilogue:
+            wb = next(w for w in site.writebacks if not w.plain_copy)
+            raise StreamKError(
+                COND_EPILOGUE,
+                f"write-back block {wb.block.name_hint!r} computes `{wb.block.body.value}` "
+                f"into {wb.output.name} ({wb.output.dtype}) from the {site.accumulator_dtype} "
+                "accumulator",
+                "Atomic adds merge raw partial sums, so a fused epilogue (bias, activation, cast) "
+                "would be applied to each partial; use the workspace fix-up (fixup='workspace') "
+                "or move the epilogue into its own kernel.",
+            )
+        if site.fragment_accumulator:
+            raise StreamKError(
+                COND_ATOMIC,
+                f"accumulator {site.accumulator.name} lives in tensor-core fragment scope "
+                f"{site.accumulator.scope()!r}, whose elements have no addresses",
+                "Use the workspace fix-up (fixup='workspace').",
+            )
+        if target is not None:
+            reason = atomic_dtype_error(site.accumulator_dtype, target)
+            if reason is not None:
+                raise StreamKError(
+                    COND_ATOMIC,
+                    reason,
+                    "Use the workspace fix-up (fixup='workspace'), or accumulate in float32.",
+                )
+
+    @classmethod
+    def footprint(cls, plan, tile_elems, acc_bytes, out_bytes, blocks):
+        """Nothing allocated; the prologue zeroes the split tiles of the output."""
+        zeroed = len(plan.split_tiles) * tile_elems * out_bytes
+        return fixup.Footprint(workspace_bytes=0, zeroed_bytes=zeroed)
+
+    def __init__(self, site: StreamKSite, plan, target, group: int | None, tile_body, grid=None):
+        super().__init__(site, plan, target, group, tile_body, grid)
+        self.names = {wb.block.name_hint for wb in site.writebacks}
 
     def merge_writeback(self, block: SBlock, seg: Segment) -> SBlock:
         """``out[i] = acc[i]`` becomes ``store if the segment is full else atomic add``."""
@@ -126,9 +131,6 @@ class AtomicFixup:
         address = tirx.address_of(tirx.BufferLoad(store.buffer, store.indices))
         merge = tirx.Evaluate(atomic_add(self.target, dtype, address, store.value))
         return replace_block(block, body=tirx.IfThenElse(seg.full, store, merge))
-
-    def after_segment(self, seg: Segment) -> None:
-        return None
 
     def prologue(self) -> tirx.Stmt | None:
         """A kernel zeroing every split tile before the atomic adds land on it.

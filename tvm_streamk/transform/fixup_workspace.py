@@ -71,6 +71,7 @@ from .._compat import (
 )
 from ..analysis import COND_WRITEBACK, StreamKSite, find_block_path
 from ..errors import StreamKError
+from . import fixup
 from ._ir import (
     TIR_OPS,
     Segment,
@@ -88,20 +89,8 @@ from ._ir import (
 )
 from .fixup_atomic import atomic_add
 
-COND_FRAGMENT_SPLIT = "fragment-aligned-split"
 # Accumulator dtypes whose OpenCL partials go through 32-bit atomics (module docstring).
 _OPENCL_ATOMIC_SLOT_DTYPES = ("float32", "int32")
-
-
-def check(site: StreamKSite) -> None:
-    """Refuse a site the workspace fix-up cannot finish."""
-    if len(site.writebacks) != 1:
-        names = [wb.block.name_hint for wb in site.writebacks]
-        raise StreamKError(
-            COND_WRITEBACK,
-            f"{len(names)} blocks read the accumulator after the reduction: {names}",
-            "The workspace fix-up re-runs one write-back block per tile; fuse them into one.",
-        )
 
 
 def fence(target: tvm.target.Target) -> tirx.Stmt:
@@ -112,15 +101,41 @@ def fence(target: tvm.target.Target) -> tirx.Stmt:
     return tirx.Evaluate(tirx.call_extern("int32", "mem_fence", tirx.IntImm("uint32", 2)))
 
 
-class WorkspaceFixup:
+@fixup.register
+class WorkspaceFixup(fixup.Fixup):
     """Merge partial tiles through a workspace and per-tile arrival counters (module docstring)."""
 
+    name = "workspace"
+    code = 1
+    deterministic = True
+
+    @classmethod
+    def check(cls, site: StreamKSite, target=None) -> None:
+        """Refuse a site the workspace fix-up cannot finish."""
+        if len(site.writebacks) != 1:
+            names = [wb.block.name_hint for wb in site.writebacks]
+            raise StreamKError(
+                COND_WRITEBACK,
+                f"{len(names)} blocks read the accumulator after the reduction: {names}",
+                "The workspace fix-up re-runs one write-back block per tile; fuse them into one.",
+            )
+
+    @staticmethod
+    def slots(plan, blocks: int) -> int:
+        """Partial-tile slots for ``plan`` launched on ``blocks`` blocks."""
+        return blocks * plan.slots_per_block
+
+    @classmethod
+    def footprint(cls, plan, tile_elems, acc_bytes, out_bytes, blocks):
+        """Slots and counters, allocated whenever a tile may be split; the counters zeroed."""
+        if not plan.split_tiles and blocks == plan.grid:
+            return fixup.Footprint(workspace_bytes=0, zeroed_bytes=0)
+        counters = fixup.COUNTER_BYTES * plan.counter_tiles
+        slots = cls.slots(plan, blocks) * tile_elems * acc_bytes
+        return fixup.Footprint(workspace_bytes=slots + counters, zeroed_bytes=counters)
+
     def __init__(self, site: StreamKSite, plan, target, group: int | None, tile_body, grid=None):
-        check(site)
-        self.site, self.plan, self.target = site, plan, target
-        # The launched grid when only known at run time; None for the plan's own grid.
-        self.grid = grid
-        self.tile_body = tile_body
+        super().__init__(site, plan, target, group, tile_body, grid)
         path = find_block_path_below(tile_body, site.writebacks[0].block.name_hint)
         self.writeback = path[-1].block
         self.loops = [s for s in path if isinstance(s, tirx.For)]
@@ -142,7 +157,7 @@ class WorkspaceFixup:
         # A run-time grid gets slots for the largest grid it can launch.
         blocks = plan.grid if grid is None else plan.runtime_grid_bound()
         self.workspace = tirx.decl_buffer(
-            (blocks * plan.slots_per_block, self.elems),
+            (self.slots(plan, blocks), self.elems),
             "int32" if self.atomic_slots else dtype,
             name="sk_workspace",
         )
@@ -159,14 +174,6 @@ class WorkspaceFixup:
             if self.active
             else ()
         )
-
-    @property
-    def workspace_bytes(self) -> int:
-        """Bytes of partial-tile slots plus arrival counters."""
-        if not self.active:
-            return 0
-        slot_bytes = self.elems * tvm.DataType(str(self.site.merged.dtype)).bits // 8
-        return self.plan.workspace_slots * slot_bytes + 4 * self.plan.counter_tiles
 
     def _linear(self, loops) -> tirx.Expr:
         """This thread's element of its slot: the write-back's loops flattened with the thread

@@ -27,12 +27,13 @@ import tvm
 from tvm import tirx
 
 from .. import annotations as ann
-from .. import decomposition
+from .. import decomposition, gpus
 from .._compat import SBlock, SBlockRealize, dtype_of, structural_map
 from ..analysis import StreamKSite, analyze, blocks_under
 from ..errors import StreamKError
-from ..legality import check_group, check_runtime_grid
+from ..legality import check_fragment_plan, check_group, check_runtime_grid
 from . import device_sms
+from . import fixup as fixups
 from ._ir import (
     Segment,
     bound_loop,
@@ -47,63 +48,78 @@ from ._ir import (
     var,
     with_body,
 )
-from .fixup_atomic import AtomicFixup
-from .fixup_atomic import check as check_atomic
-from .fixup_workspace import COND_FRAGMENT_SPLIT, WorkspaceFixup
-from .fixup_workspace import check as check_workspace
 from .localize import localize_accumulator
-
-FIXUPS = {"atomic": AtomicFixup, "workspace": WorkspaceFixup}
 
 
 def _without_decision(annotations) -> dict:
     return {k: v for k, v in annotations.items() if not k.startswith(ann.PREFIX)}
 
 
-def plan_for(site: StreamKSite, decision: ann.Decision) -> decomposition.Plan:
-    """The decomposition plan a decision stands for on this site.
+def plan_for(
+    site: StreamKSite, decision: ann.Decision, target: tvm.target.Target | None = None
+) -> decomposition.Plan:
+    """The decomposition plan a decision stands for on this site, for ``target``.
 
     With ``num_sms="device"`` the plan is made for one SM: its closed forms are then evaluated
-    with the grid launched at run time.
+    with the grid launched at run time. A decision recorded for the compile target's count
+    (:data:`~tvm_streamk.annotations.TARGET_SMS`) is planned for ``target``'s.
     """
     return decomposition.plan(
         site.tiles,
         site.panels,
-        decision.num_sms or 1,
+        decision_sms(decision, target),
         blocks_per_sm=decision.blocks_per_sm,
         policy=decision.policy,
-        splits=decision.splits if decision.policy == "split_k" else None,
+        splits=decision.splits if decomposition.policy.get(decision.policy).takes_splits else None,
         variant=decision.variant,
     )
 
 
+def decision_sms(decision: ann.Decision, target: tvm.target.Target | None) -> int:
+    """The SM count a decision is planned for (1 for a grid read at run time)."""
+    if decision.num_sms == ann.DEVICE_SMS:
+        return 1
+    if decision.num_sms != ann.TARGET_SMS:
+        return decision.num_sms
+    if target is None:
+        raise StreamKError(
+            "num-sms",
+            "a decision left to the compile target's SM count, and no target",
+            "Lower through tvm.compile(..., target=...) or tvm_streamk.lower(mod, target), or "
+            "pass num_sms to stream_k.",
+        )
+    try:
+        return gpus.num_sms_for_target(None, target, opencl_compute_units=True)
+    except gpus.UnknownGPUError as err:
+        raise StreamKError(
+            "num-sms",
+            f"a decision left to the compile target's SM count: {err}",
+            "Pass num_sms to stream_k, or compile for a target tag of tvm_streamk.gpus.",
+        ) from None
+
+
 def check_fixup(site: StreamKSite, fixup: str, target: tvm.target.Target | None) -> None:
     """Refuse a fix-up the site cannot use; ``target`` may be None before a target is known."""
-    if fixup == "atomic":
-        check_atomic(site, target)
-    elif fixup == "workspace":
-        check_workspace(site)
-    else:
-        raise StreamKError("fixup", f"fixup={fixup!r}", f"Use one of {sorted(FIXUPS)}.")
+    fixups.get(fixup).check(site, target)
 
 
 def make_fixup(site: StreamKSite, plan, decision: ann.Decision, target, tile_body, grid):
-    """The fix-up object that merges partial tiles for this decision."""
+    """The fix-up object that merges partial tiles for this decision (its constructor checks
+    the site)."""
     if target is None:
         raise StreamKError(
             "target",
             "a function without a target attribute",
             "Lower through tvm.compile(..., target=...) or tvm_streamk.lower(mod, target).",
         )
-    check_fixup(site, decision.fixup, target)
-    return FIXUPS[decision.fixup](site, plan, target, decision.group or None, tile_body, grid)
+    return fixups.get(decision.fixup)(site, plan, target, decision.group or None, tile_body, grid)
 
 
 def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
     """Rewrite the Stream-K decision recorded on ``block_name`` in ``func``."""
     site = analyze(func, block_name)
     decision = ann.decision_of(site.block.annotations, block_name)
-    plan = plan_for(site, decision)
+    plan = plan_for(site, decision, target)
     root_realize: SBlockRealize = func.body
     root = root_realize.block
 
@@ -112,18 +128,12 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
             return replace_block(block, annotations=_without_decision(block.annotations))
         return block
 
-    if plan.policy == "data_parallel":
-        # The original kernel already is the data-parallel decomposition.
+    if plan.scheme.is_original:
+        # The original kernel already is this decomposition.
         return func.with_body(structural_map(func.body, (SBlock, strip)))
 
-    aligned = plan.policy == "split_k" and site.panels % plan.splits == 0
-    if site.fragment_accumulator and not aligned:
-        raise StreamKError(
-            COND_FRAGMENT_SPLIT,
-            f"a {plan.policy} decomposition of {site.panels} panels (splits={plan.splits}) for "
-            f"the tensor-core fragment accumulator {site.accumulator.name}",
-            "Fragments take only aligned splits (split_k with a split dividing the panels).",
-        )
+    check_fragment_plan(plan, site.fragment_accumulator, block_name)
+    aligned = plan.aligned_splits is not None
     # Fragments are addressed through intrinsics, not element indices: nothing to localize.
     tile_body = site.band[-1].body
     if not site.fragment_accumulator:
