@@ -1,7 +1,8 @@
 """The one place that knows which TVM names moved between versions.
 
 The package targets the installed apache-tvm 0.27; every import of a moved name goes through here
-so that a future TVM rename is a one-file change.
+so that a future TVM rename is a one-file change. The numbers of TVM's host calling convention
+that the PoCL backend replays (struct field kinds, ffi type indices) live here too, at the end.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import importlib
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.tirx.buffer import BufferType
 
 # The arithmetic analysis package (``tvm.arith`` before 0.27).
 arith = importlib.import_module("tvm.sym")
@@ -72,6 +74,99 @@ def param_buffers(func: tirx.PrimFunc) -> list[tirx.Buffer]:
 def dtype_of(expr) -> str:
     """The dtype of a scalar TIR expression or variable, as a string."""
     return str(expr.ty)
+
+
+PointerType = tvm.ir.PointerType
+PrimType = tvm.ir.PrimType
+
+
+def prim_dtype_of(expr) -> str | None:
+    """The dtype string of a primitive expression, ``None`` for handles and buffers.
+
+    Unlike :func:`dtype_of`, which prints any type (``T.handle(...)`` for a pointer), this tells
+    scalars from the rest.
+    """
+    ty = expr.ty
+    return str(ty.dtype) if isinstance(ty, PrimType) else None
+
+
+def is_buffer_var(value) -> bool:
+    """Whether ``value`` is a buffer (in 0.27 a ``Var`` whose type is ``BufferType``)."""
+    return isinstance(value, tvm.ir.Var) and isinstance(value.ty, BufferType)
+
+
+def is_pointer_var(value) -> bool:
+    """Whether ``value`` is a data pointer (a ``Var`` whose type is ``PointerType``)."""
+    return isinstance(value, tvm.ir.Var) and isinstance(value.ty, PointerType)
+
+
+def op_name(call) -> str:
+    """The name of a call's operator: ``"tirx.call_extern"``, or a GlobalVar's name."""
+    op = call.op
+    if isinstance(op, tvm.ir.Op):
+        return op.name
+    return getattr(op, "name_hint", str(op))
+
+
+# Constructors whose home moved in 0.27 (``BufferLoad`` is a function returning ``TensorLoad``).
+BufferLoad = tirx.BufferLoad
+BufferStore = tirx.BufferStore
+call_pure_extern = tirx.call_pure_extern
+
+
+def codegen_source(device_mod: tvm.IRModule, target: tvm.target.Target) -> str:
+    """Source of a finalized device module from TVM's own ``target.build.<kind>`` (OpenCL C)."""
+    return tir_build_module.codegen_build(device_mod, target).inspect_source()
+
+
+# -- The host calling convention ---------------------------------------------------------------
+#
+# After ``MakePackedAPI`` the host PrimFunc reads its packed arguments and their DLTensors through
+# ``tvm_struct_get(handle, index, kind)``. The PoCL backend replays that host code without TVM's
+# runtime (``tvm_streamk.pocl.host_code``), so it must know the numbers TVM 0.27 writes there.
+# They are C enums with no Python binding. The type indices and the device type are those of the
+# headers the tvm_ffi wheel ships (``tvm/ffi/c_api.h``, ``dlpack/dlpack.h``); the field kinds are
+# those of TVM's ``tirx/builtin.h``, which the wheel does not ship; every PoCL test replays real
+# host code through them.
+
+
+class StructFieldKind:
+    """``builtin::TVMStructFieldKind`` values as MakePackedAPI emits them in TVM 0.27."""
+
+    # Fields of a ``DLTensor``.
+    ARR_DATA = 1
+    ARR_SHAPE = 2
+    ARR_STRIDES = 3
+    ARR_NDIM = 4
+    ARR_BYTE_OFFSET = 8
+    ARR_DEVICE_ID = 9
+    ARR_DEVICE_TYPE = 10
+    # Fields of a packed argument (a ``TVMFFIAny``).
+    ANY_TYPE_INDEX = 13
+    ANY_VALUE = 15
+    # Element ``i`` of an int64 array: how ``shape[i]`` is read.
+    INT64_ARRAY_ELEM = 17
+
+
+class FFITypeIndex:
+    """tvm-ffi type indices (``tvm/ffi/c_api.h``) a packed argument's ``type_index`` holds.
+
+    A buffer argument reported as a bare ``DLTensor*`` keeps the host code off its
+    ``ffi.Tensor`` header-skipping branch.
+    """
+
+    INT = 1
+    BOOL = 2
+    FLOAT = 3
+    DLTENSOR_PTR = 7
+
+
+# ``DLDeviceType::kDLOpenCL``, the device type the host code checks its tensors against.
+DL_OPENCL = 4
+
+# The ``launch_params`` flag of a kernel using dynamic shared memory ends with this (its prefix
+# is the IR namespace, ``tirx.`` in 0.27).
+DYN_SHARED_LAUNCH_PARAM = "use_dyn_shared_memory"
 
 
 def target_tag(target: tvm.target.Target) -> str | None:

@@ -14,7 +14,6 @@ import numpy as np
 import tvm
 
 from . import pocl
-from ._compat import target as as_target
 
 __all__ = [
     "DEVICES",
@@ -110,11 +109,11 @@ def target(device: str) -> tvm.target.Target:
     """The TVM target kernels for ``device`` are compiled for.
 
     ``"cuda"`` gives the target TVM detects from GPU 0 (with its arch); ``"pocl"`` gives the
-    OpenCL target, whose source PoCL compiles.
+    OpenCL target, whose source PoCL compiles (:func:`tvm_streamk.pocl.opencl_target`).
     """
     if _check(device) == "cuda":
         return tvm.target.Target.from_device(tvm.cuda(0))
-    return as_target({"kind": "opencl"})
+    return pocl.opencl_target()
 
 
 class _CudaKernel:

@@ -25,18 +25,17 @@ MUTATE_STREAM_K_PROB = 0.1
 
 
 def opencl_target(**attrs) -> tvm.target.Target:
-    """The OpenCL target candidates are tuned for on PoCL.
-
-    TVM's OpenCL target already carries the limits MetaSchedule's GPU rules read
-    (``max_threads_per_block`` 256, ``max_shared_memory_per_block`` 16 KiB, ``thread_warp_size``
-    1); ``attrs`` overrides them.
+    """The OpenCL target candidates are tuned for on PoCL: :func:`tvm_streamk.pocl.opencl_target`.
 
     Examples
     --------
     >>> opencl_target().kind.name
     'opencl'
     """
-    return tvm.target.Target({"kind": "opencl", **attrs})
+    # Imported here: the PoCL backend loads on first use, not with the package.
+    from ..pocl.target import opencl_target as pocl_opencl_target
+
+    return pocl_opencl_target(**attrs)
 
 
 def _is_opencl(target: tvm.target.Target) -> bool:
@@ -44,17 +43,16 @@ def _is_opencl(target: tvm.target.Target) -> bool:
 
 
 def _num_sms(num_sms: int | None, target, resolved: tvm.target.Target) -> int | None:
-    if num_sms is not None:
-        return num_sms
-    if _is_opencl(resolved):
-        from .. import pocl
-
-        return pocl.compute_units()
-    if isinstance(target, str) and target in gpus.SM_COUNT_BY_TAG:
-        # TVM 0.27 drops the tag from a Target built from one (``Target(tag).tag == ""``), so
-        # the tag string given here is the last place it can be read.
-        return gpus.SM_COUNT_BY_TAG[target]
-    return None
+    # TVM 0.27 drops the tag from a Target built from one (``Target(tag).tag == ""``), so a tag
+    # string given here is the surest place to read it.
+    tag = target if isinstance(target, str) else None
+    try:
+        return gpus.num_sms_for_target(num_sms, resolved, tag=tag, opencl_compute_units=True)
+    except gpus.UnknownGPUError:
+        if num_sms is not None:
+            raise
+        # StreamKRule asks again with the tune context's target, and says what is missing.
+        return None
 
 
 def _check_kind(kind: str) -> None:

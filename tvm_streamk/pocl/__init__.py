@@ -27,6 +27,7 @@ from .errors import (
 from .launch import BufferArg, Deferred, Launch, ScalarArg, Workspace, WorkspaceArg
 from .runner import CompiledKernel, compile, run, time
 from .signature import Param
+from .target import opencl_target
 
 __all__ = [
     "ENV_EXECUTOR",
@@ -51,6 +52,7 @@ __all__ = [
     "executors",
     "oclgrind_log_offset",
     "oclgrind_reports",
+    "opencl_target",
     "run",
     "time",
     "usable_executors",

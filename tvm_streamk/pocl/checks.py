@@ -11,7 +11,7 @@ import re
 
 import tvm
 
-from ._tvm import PointerType, is_buffer_var, op_name, structural_walk
+from .._compat import PointerType, is_buffer_var, op_name, structural_walk
 from .errors import UnsupportedKernelError
 
 _TENSOR_CORE_REMEDY = (

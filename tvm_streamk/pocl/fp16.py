@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import tvm
 
-from ._tvm import (
+from .._compat import (
     BufferLoad,
     BufferStore,
     BufferType,
     PointerType,
     PrimType,
     call_pure_extern,
-    dtype_of,
     is_buffer_var,
     op_name,
+    prim_dtype_of,
     structural_map,
     structural_walk,
 )
@@ -223,8 +223,8 @@ class _Legalizer:
         elif isinstance(ty, PointerType) and isinstance(ty.element_type, PrimType):
             if _is_fp16(str(ty.element_type.dtype)):
                 new = tvm.ir.Var(var.name, PointerType(PrimType("uint16"), ty.storage_scope))
-        elif _is_fp16(dtype_of(var)):
-            new = tvm.ir.Var(var.name, _with_base(dtype_of(var), "float32"))
+        elif _is_fp16(prim_dtype_of(var)):
+            new = tvm.ir.Var(var.name, _with_base(prim_dtype_of(var), "float32"))
         if new is None:
             return var
         self.vars[key] = new
@@ -247,14 +247,14 @@ class _Legalizer:
         )
 
     def _narrow(self, value):
-        lanes = _lanes(dtype_of(value))
+        lanes = _lanes(prim_dtype_of(value))
         if lanes not in _LANES:
             self._refuse(f"a float16 vector of {lanes} lanes")
             return value
         if isinstance(value, tvm.ir.Call) and self._is_widen(value):
             return value.args[1]
         return call_pure_extern(
-            _with_base(dtype_of(value), "uint16"), f"{_PREFIX}f2h{_suffix(lanes)}", value
+            _with_base(prim_dtype_of(value), "uint16"), f"{_PREFIX}f2h{_suffix(lanes)}", value
         )
 
     @staticmethod
@@ -266,7 +266,7 @@ class _Legalizer:
         )
 
     def _float_imm(self, imm):
-        if _is_fp16(dtype_of(imm)):
+        if _is_fp16(prim_dtype_of(imm)):
             return tvm.tirx.FloatImm("float32", imm.value)
         return imm
 
@@ -274,26 +274,26 @@ class _Legalizer:
         if not self._is_storage(load.source):
             return load
         bits = BufferLoad(load.source, list(load.indices))
-        return self._widen(bits, _lanes(dtype_of(bits)))
+        return self._widen(bits, _lanes(prim_dtype_of(bits)))
 
     def _store(self, store):
         if not self._is_storage(store.buffer):
             return store
         value = store.value
-        if not dtype_of(value).startswith("float32"):
-            value = tvm.ir.prim.expr.Cast(_with_base(dtype_of(value), "float32"), value)
+        if not prim_dtype_of(value).startswith("float32"):
+            value = tvm.ir.prim.expr.Cast(_with_base(prim_dtype_of(value), "float32"), value)
         return BufferStore(store.buffer, self._narrow(value), list(store.indices))
 
     def _cast(self, cast):
-        target = dtype_of(cast)
+        target = prim_dtype_of(cast)
         value = cast.value
         if not _is_fp16(target):
-            if dtype_of(value) == target:
+            if prim_dtype_of(value) == target:
                 return value
             return tvm.ir.prim.expr.Cast(target, value)
         if isinstance(value, tvm.ir.Call) and self._is_widen(value):
             return value
-        if not dtype_of(value).startswith("float32"):
+        if not prim_dtype_of(value).startswith("float32"):
             value = tvm.ir.prim.expr.Cast(_with_base(target, "float32"), value)
         # A cast to float16 rounds: narrow to bits and widen back.
         return self._widen(self._narrow(value), _lanes(target))
@@ -307,7 +307,7 @@ class _Legalizer:
 
     def _retyped(self, rebuild):
         def callback(e):
-            return rebuild(e) if _is_fp16(dtype_of(e)) else e
+            return rebuild(e) if _is_fp16(prim_dtype_of(e)) else e
 
         return callback
 
@@ -320,7 +320,7 @@ class _Legalizer:
         ):
             self._refuse("a pointer into a float16 buffer")
             return call
-        if not _is_fp16(dtype_of(call)):
+        if not _is_fp16(prim_dtype_of(call)):
             return call
         if name in ("tirx.call_extern", "tirx.call_pure_extern"):
             extern = call.args[0].value
@@ -330,7 +330,7 @@ class _Legalizer:
         elif name != "prim.if_then_else":
             self._refuse(f"the float16 intrinsic {name}")
             return call
-        return _with_ret_ty(call, _with_base(dtype_of(call), "float32"))
+        return _with_ret_ty(call, _with_base(prim_dtype_of(call), "float32"))
 
 
 def _with_ret_ty(call, ret_ty):

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 import tvm
 
-from .._compat import Schedule
+from .._compat import Schedule, codegen_source, get_tir_pipeline, split_host_device_mods
 from ..transform.device_sms import bind_multiprocessors
-from ._tvm import codegen_source, get_tir_pipeline, split_host_device_mods
 from .checks import check_supported
 from .device import compute_units
 from .errors import KernelBuildError, PoclError
 from .fp16 import legalize_fp16
+from .target import opencl_target
 
 # Lowering only needs the host target's name; no host code is ever generated.
 _HOST = "llvm"
@@ -68,11 +68,6 @@ def _attr(func, key: str):
     return func.attrs.get(key, None) if func.attrs is not None else None
 
 
-def opencl_target() -> tvm.target.Target:
-    """The target kernels are rebuilt for."""
-    return tvm.target.Target({"kind": "opencl"}).with_host(_HOST)
-
-
 def lower(name: str, func: tvm.tirx.PrimFunc, pipeline: str) -> Lowered:
     """Lower ``func`` for OpenCL through the TIR pipeline ``pipeline`` ("default" is "s_tir").
 
@@ -90,7 +85,7 @@ def lower(name: str, func: tvm.tirx.PrimFunc, pipeline: str) -> Lowered:
     if _attr(func, "target") is not None:
         func = func.without_attr("target")
     func = func.with_attr("global_symbol", name)
-    target = opencl_target()
+    target = opencl_target(host=_HOST)
     mod = tvm.IRModule({tvm.ir.GlobalVar(name): func})
     pipeline_pass, _, finalize_device = get_tir_pipeline(pipeline)
     try:

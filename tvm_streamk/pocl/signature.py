@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import tvm
 
-from ._tvm import PrimType, is_buffer_var
+from .._compat import PrimType, is_buffer_var
 from .errors import ArgumentError, UnsupportedKernelError
 
 

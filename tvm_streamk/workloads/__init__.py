@@ -1,0 +1,26 @@
+"""Workloads: TVMScript builders of the reductions the project targets, a reference GPU schedule,
+and the random inputs and float64 references numeric checks use.
+
+``builders`` holds :func:`gemm`, :func:`batched_gemm` and :func:`gemv`; ``schedules`` the
+:func:`reference_schedule`; ``references`` :func:`random_args`, :func:`reference` and
+:func:`relative_error`; ``errors`` :class:`WorkloadError`.
+"""
+
+from .builders import EPILOGUES, IN_DTYPES, LAYOUTS, batched_gemm, gemm, gemv
+from .errors import WorkloadError
+from .references import random_args, reference, relative_error
+from .schedules import reference_schedule
+
+__all__ = [
+    "EPILOGUES",
+    "IN_DTYPES",
+    "LAYOUTS",
+    "WorkloadError",
+    "batched_gemm",
+    "gemm",
+    "gemv",
+    "random_args",
+    "reference",
+    "reference_schedule",
+    "relative_error",
+]
