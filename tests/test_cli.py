@@ -46,10 +46,11 @@ def test_demo_fails_with_status_1_when_a_check_fails(monkeypatch, capsys):
 
 
 def test_source_prints_the_cuda_kernel_with_its_atomic(capsys):
-    assert cli.main(["source", "--m", "160", "--n", "64", "--k", "64", "--num-sms", "4"]) == 0
+    args = ["source", "--m", "160", "--n", "64", "--k", "64", "--num-sms", "4"]
+    assert cli.main([*args, "--blocks-per-sm", "1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("// tvm-streamk: C = A @ B, 160x64x64 float32")
-    assert "stream_k: 10 tiles x 8 panels on grid 4 (4 SMs), atomic fixup, target cuda" in out
+    assert "stream_k: 10 tiles x 8 panels on grid 4 (4 SMs x 1 block(s)/SM), atomic fixup" in out
     assert out.count('extern "C" __global__ void') >= 2  # the zeroing prologue and the kernel
     assert "atomicAdd(" in out
 

@@ -208,7 +208,7 @@ def test_workspace_hand_off_fences_only_in_the_leader(policy):
     target = tvm.target.Target("nvidia/nvidia-h100")
     sch = workloads.reference_schedule(workloads.gemm(M, N, K), bm=64, bn=64, bk=16)
     plan = tvm_streamk.stream_k(
-        sch, "C_update", num_sms=5, policy=policy, fixup="workspace", target=target
+        sch, "C_update", num_sms=5, blocks_per_sm=1, policy=policy, fixup="workspace", target=target
     )
     assert plan.split_tiles
     source = tvm.compile(sch.mod, target=target, tir_pipeline="tvm_streamk").mod.imports[0]

@@ -55,10 +55,11 @@ def _decisions(mod: tvm.IRModule) -> list[ann.Decision]:
 
 
 def test_model_with_fused_epilogue_compiles_with_stream_k():
-    # 133 x 4 tiles of dlight's 32 x 64 on 132 SMs: quantisation-bound; bias + ReLU fused.
+    # 133 x 4 tiles of dlight's 32 x 64 over K = 4096 on 132 SMs of 8 resident blocks each:
+    # few tiles with a long K; bias + ReLU fused.
     pipeline = relax_pipeline(H100)
     lib = tvm.compile(
-        _mlp(133 * 32, 512, 4 * 64, epilogue=True),
+        _mlp(133 * 32, 4096, 4 * 64, epilogue=True),
         target=H100,
         relax_pipeline=pipeline,
         tir_pipeline="tvm_streamk",
@@ -70,7 +71,8 @@ def test_model_with_fused_epilogue_compiles_with_stream_k():
 
 
 def test_rule_keeps_data_parallel_when_tiles_fill_whole_waves():
-    mod = relax.transform.LegalizeOps()(_mlp(132 * 32, 512, 64, epilogue=False))
+    # 1056 tiles of 32 x 64: whole waves of 132 SMs x 8 resident blocks (x 1 without nvcc).
+    mod = relax.transform.LegalizeOps()(_mlp(1056 * 32, 512, 64, epilogue=False))
     with H100:
         mod = dlight.ApplyDefaultSchedule(StreamKMatmul(), dlight.gpu.Fallback())(mod)
     (decision,) = _decisions(mod)
@@ -121,3 +123,19 @@ def test_fp16_matmul_for_the_h100_tag_uses_tensor_cores():
             512, 512, 512, dlight.gpu.Matmul(), tvm.target.Target(target), "float16"
         )
         assert ("wmma" in func.script()) == tensor_cores, target
+
+
+def test_rule_reports_every_kernel_under_a_readable_key():
+    # Fused Relax functions have no symbol when dlight runs: the report keys them by shapes.
+    pipeline = relax_pipeline(H100)
+    tvm.compile(
+        _mlp(133 * 32, 4096, 4 * 64, epilogue=True),
+        target=H100,
+        relax_pipeline=pipeline,
+        tir_pipeline="tvm_streamk",
+    )
+    rule = pipeline.rule
+    assert "" not in rule.decided and "" not in rule.skipped
+    ((key, plan),) = rule.decided.items()
+    assert key.startswith("kernel(4256x4096 float32, 4096x256 float32"), key
+    assert plan.policy != "data_parallel" and plan.reason

@@ -66,7 +66,10 @@ def test_dlight_schedule(decision, fixup):
     # dlight's 32 x 64 tiles with 16-wide panels: 2 tiles (one predicated) of 7 panels.
     func = _dlight_matmul(57, 100, 44, dlight.gpu.Matmul(), A100)
     sch = Schedule(func)
-    tvm_streamk.stream_k(sch, _update_block(sch), num_sms=3, fixup=fixup, target=A100, **decision)
+    # One block per SM keeps the simulated grid small (the default sizes it by occupancy).
+    tvm_streamk.stream_k(
+        sch, _update_block(sch), num_sms=3, blocks_per_sm=1, fixup=fixup, target=A100, **decision
+    )
     error, _ = _checked(sch.mod, func, _matmul_reference)
     assert error <= FP32_TOL
 
@@ -99,7 +102,9 @@ def small_ms_sample():
 @pytest.mark.parametrize("fixup", ["atomic", "workspace"])
 def test_meta_schedule_sample(small_ms_sample, fixup):
     sch = small_ms_sample.copy()
-    plan = tvm_streamk.stream_k(sch, _update_block(sch), num_sms=MS_SMS, fixup=fixup, target=H100)
+    plan = tvm_streamk.stream_k(
+        sch, _update_block(sch), num_sms=MS_SMS, blocks_per_sm=1, fixup=fixup, target=H100
+    )
     assert (plan.tiles, plan.panels) == (6, 4) and plan.split_tiles
     error, _ = _checked(sch.mod, MS_SMALL_FUNC)
     assert error <= FP32_TOL

@@ -98,8 +98,10 @@ def dlight_kernel(request):
     (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
     assert func.attrs["tirx.is_scheduled"], "dlight's Matmul rule did not apply"
     sch = Schedule(func)
+    # One block per SM: the grid the assertions reason about (tests/test_occupancy.py covers
+    # the default, the built kernel's resident blocks).
     plan = tvm_streamk.stream_k(
-        sch, _update_block(sch), num_sms=DLIGHT_SMS, fixup="atomic", target=A100
+        sch, _update_block(sch), num_sms=DLIGHT_SMS, blocks_per_sm=1, fixup="atomic", target=A100
     )
     return func, sch, plan
 
@@ -120,7 +122,9 @@ def test_dlight_quantised_tile_count_is_evened_out():
         mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul())(_legalized_relax_matmul(96, 128, 512))
     (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
     sch = Schedule(func)
-    plan = tvm_streamk.stream_k(sch, _update_block(sch), num_sms=DLIGHT_SMS, target=A100)
+    plan = tvm_streamk.stream_k(
+        sch, _update_block(sch), num_sms=DLIGHT_SMS, blocks_per_sm=1, target=A100
+    )
     assert (plan.tiles, plan.grid) == (6, 5)
     # Data-parallel needs two waves of whole tiles; Stream-K gives every block under two tiles
     # of K-panels, within one panel of each other.
@@ -199,7 +203,7 @@ def test_meta_schedule_sample_stream_k(ms_samples, depth):
     assert depth in ms_samples, f"no valid sample of pipeline depth {depth}: {list(ms_samples)}"
     sch = ms_samples[depth].copy()
     plan = tvm_streamk.stream_k(
-        sch, _update_block(sch), num_sms=MS_SMS, fixup="atomic", target=H100
+        sch, _update_block(sch), num_sms=MS_SMS, blocks_per_sm=1, fixup="atomic", target=H100
     )
     assert (plan.tiles, plan.panels, plan.grid) == (6, 8, MS_SMS)
     _assert_stream_k_structure(sch, plan, H100)

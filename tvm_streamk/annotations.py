@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm
 from tvm import tirx
 
+from ._compat import SBlock, structural_map
 from .decomposition import policy as policies
 from .errors import StreamKError
 from .transform import fixup as fixups
@@ -59,6 +61,37 @@ class Decision:
             KEY_FIXUP: imm(fixups.get(self.fixup).code),
             KEY_GROUP: imm(self.group),
         }
+
+
+def stripped(annotations) -> dict:
+    """A block's annotations without its Stream-K decision."""
+    return {k: v for k, v in annotations.items() if not k.startswith(PREFIX)}
+
+
+def without_decisions(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with every Stream-K decision removed: the data-parallel kernels as scheduled."""
+
+    def strip(block: SBlock) -> SBlock:
+        if not has_decision(block.annotations):
+            return block
+        return SBlock(
+            iter_vars=block.iter_vars,
+            reads=block.reads,
+            writes=block.writes,
+            name_hint=block.name_hint,
+            body=block.body,
+            init=block.init,
+            alloc_buffers=block.alloc_buffers,
+            match_buffers=block.match_buffers,
+            annotations=stripped(block.annotations),
+        )
+
+    out = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, tirx.PrimFunc):
+            func = func.with_body(structural_map(func.body, (SBlock, strip)))
+        out[gv] = func
+    return tvm.IRModule(out, attrs=mod.attrs)
 
 
 def has_decision(annotations) -> bool:

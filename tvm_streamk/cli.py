@@ -107,7 +107,12 @@ def _add_policy(p: argparse.ArgumentParser, default: str, fixups) -> None:
     p.add_argument(
         "--variant", choices=decomposition.policy.variants("hybrid"), help="for --policy hybrid"
     )
-    p.add_argument("--blocks-per-sm", type=_positive, default=1, help="resident blocks per SM")
+    p.add_argument(
+        "--blocks-per-sm",
+        type=_positive,
+        help="resident blocks per SM (default: the built kernel's occupancy for a CUDA target, "
+        "else 1)",
+    )
     # "auto" (where the primitive offers it) lets it pick atomics where they are exact enough.
     default_fixup = "auto" if "auto" in fixups else "atomic"
     p.add_argument(
@@ -223,7 +228,7 @@ def _policy_kwargs(args) -> dict:
 
 
 def _gemm_shape(args, num_sms: int) -> tuple[int, int, int]:
-    m = args.m or (num_sms * args.blocks_per_sm + 1) * args.bm
+    m = args.m or (num_sms * (args.blocks_per_sm or 1) + 1) * args.bm
     n = args.n or args.bn
     return m, n, args.k
 
@@ -305,7 +310,7 @@ def _demo(args) -> int:
         plan.tiles,
         plan.panels,
         num_sms,
-        blocks_per_sm=args.blocks_per_sm,
+        blocks_per_sm=plan.blocks_per_sm,
         policy="heuristic",
         fixup=report.fixup,
     )
@@ -359,7 +364,8 @@ def _source(args) -> int:
     print(
         f"// tvm-streamk: C = A @ B, {m}x{n}x{k} {args.dtype}, {args.bm}x{args.bn} tiles, "
         f"K-panels of {args.bk}\n// {plan.label}: {plan.tiles} tiles x {plan.panels} panels "
-        f"on grid {plan.grid} ({num_sms} SMs), {fixup} fixup, target {target.kind.name} "
+        f"on grid {plan.grid} ({num_sms} SMs x {plan.blocks_per_sm} block(s)/SM), {fixup} fixup, "
+        f"target {target.kind.name} "
         f"{target.attrs.get('arch', '')}".rstrip()
     )
     for module in device_modules:
@@ -389,7 +395,8 @@ def _explain(args) -> int:
             f"--policy {args.policy} sizes the grid from the SM count: give --num-sms N or "
             "--target TAG"
         )
-    plan = decomposition.plan(tiles, panels, num_sms, fixup=args.fixup, **_policy_kwargs(args))
+    kwargs = {**_policy_kwargs(args), "blocks_per_sm": args.blocks_per_sm or 1}
+    plan = decomposition.plan(tiles, panels, num_sms, fixup=args.fixup, **kwargs)
     report = explain(plan, tile_shape=tile_shape, fixup=args.fixup, print_=not args.json)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))

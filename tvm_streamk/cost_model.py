@@ -23,10 +23,18 @@ Times are in *units*: one K-panel iteration of one tile (its MMA work and operan
       a prologue kernel first zeroes the split tiles, costing ``c_block + c_seg`` per tile in
       waves over the slots (its launch latency is not modelled).
 
-Blocks are list-scheduled in launch order onto ``num_sms * blocks_per_sm`` resident slots: each
-block starts on the slot that frees first. The predicted time is the makespan. The owner waits
-make start times depend on finish times, so the schedule is iterated to a fixed point (exact when
-every block is resident at once, which the Stream-K family guarantees).
+Per SM. The unit is one K-panel iteration of one tile at the SM's full throughput. Blocks are
+list-scheduled in launch order onto ``num_sms * blocks_per_sm`` resident slots (each block
+starts on the slot that frees first), and the ``blocks_per_sm`` blocks resident on one SM share
+it: a block runs an iteration in ``max(resident, saturation)`` units, where ``resident`` is the
+number of blocks of its wave on its SM (the wave spread evenly over the SMs, at most
+``blocks_per_sm``) and ``saturation`` the number of resident blocks that keeps an SM busy
+(:func:`saturation`; by default the plan's own ``blocks_per_sm``). So an SM holding fewer blocks
+than ``saturation`` runs at that fraction of its throughput (latency-bound), one holding more
+shares its full throughput among them, and more resident blocks are no free work.
+Segment and fix-up costs are latencies and are not shared. The predicted time is the makespan.
+The owner waits make start times depend on finish times, so the schedule is iterated to a fixed
+point (exact when every block is resident at once, which the Stream-K family guarantees).
 
 Every predicted time is a sum of constants along one critical chain of blocks and segments, so it
 is linear in the constants for a fixed schedule; :func:`calibrate` uses that to fit them to
@@ -56,6 +64,7 @@ __all__ = [
     "choose",
     "critical_features",
     "predicted_time",
+    "saturation",
 ]
 
 # Fixed-point passes of the scheduler; two suffice when all blocks are resident at once.
@@ -98,6 +107,10 @@ class CostParams:
         this fraction faster than data-parallel to be chosen, because it pays costs the model
         does not see (the persistent loop's index arithmetic, and the weaker L2 reuse of blocks
         that walk distant tiles at the same time). :func:`calibrate` keeps it.
+    saturation_warps : int
+        Resident warps that keep an SM busy: four per warp scheduler of the four an SM has, the
+        usual minimum to hide arithmetic and shared-memory latency (uncalibrated).
+        :func:`saturation` turns it into blocks of a kernel.
     """
 
     c_iter: float = 1.0
@@ -106,6 +119,7 @@ class CostParams:
     c_block: float = 1.0
     seconds_per_unit: float | None = None
     min_gain: float = 0.03
+    saturation_warps: int = 16
 
     def __post_init__(self) -> None:
         for name in _FEATURES:
@@ -118,6 +132,11 @@ class CostParams:
             raise CostModelError(f"CostParams.c_iter must be positive, found {self.c_iter!r}")
         if not 0 <= self.min_gain < 1:
             raise CostModelError(f"CostParams.min_gain must be in [0, 1), found {self.min_gain!r}")
+        if not isinstance(self.saturation_warps, int) or self.saturation_warps < 1:
+            raise CostModelError(
+                f"CostParams.saturation_warps must be a positive int, found "
+                f"{self.saturation_warps!r}"
+            )
 
     def vector(self) -> tuple[float, float, float, float]:
         """The constants ``(c_iter, c_seg, c_fix, c_block)`` in feature order."""
@@ -177,8 +196,36 @@ def _block_steps(p: Plan, fixup: str) -> list[list[tuple[int, int, int]]]:
     return steps
 
 
-def _simulate(p: Plan, slots: int, cost: CostParams, fixup: str) -> _Time:
-    """List-schedule the blocks of ``p`` onto ``slots`` slots; return the makespan's features."""
+def saturation(warps_per_block: int, dp_blocks_per_sm: int, cost: CostParams = DEFAULT_COST) -> int:
+    """Resident blocks of a kernel that keep an SM busy: enough for ``cost.saturation_warps``,
+    never more than the data-parallel kernel's occupancy (which then is the best an SM does).
+
+    Examples
+    --------
+    >>> saturation(warps_per_block=8, dp_blocks_per_sm=6), saturation(16, 1)
+    (2, 1)
+    """
+    return max(1, min(dp_blocks_per_sm, -(-cost.saturation_warps // warps_per_block)))
+
+
+def _shares(p: Plan, num_sms: int, blocks_per_sm: int, saturation: int | None) -> list[float]:
+    """Units each block takes per iteration: its SM is shared by the blocks of its wave resident
+    there (spread evenly over the SMs), and runs at full throughput from ``saturation`` on."""
+    busy = blocks_per_sm if saturation is None else saturation
+    if isinstance(busy, bool) or not isinstance(busy, int) or busy < 1:
+        raise CostModelError(f"saturation must be a positive int, found {busy!r}")
+    slots = num_sms * blocks_per_sm
+    shares = []
+    for b in range(p.grid):
+        in_wave = min(slots, p.grid - b // slots * slots)
+        resident = min(blocks_per_sm, -(-in_wave // num_sms))
+        shares.append(float(max(resident, busy)))
+    return shares
+
+
+def _simulate(p: Plan, slots: int, cost: CostParams, fixup: str, shares: list[float]) -> _Time:
+    """List-schedule the blocks of ``p`` onto ``slots`` slots, block ``b`` running an iteration
+    in ``shares[b]`` units; return the makespan's features."""
     _check_fixup(fixup)
     c = cost.vector()
     steps = _block_steps(p, fixup)
@@ -192,11 +239,11 @@ def _simulate(p: Plan, slots: int, cost: CostParams, fixup: str) -> _Time:
         heap = [(_value(start, c), s, start) for s in range(min(slots, p.grid))]
         new_ready: dict[int, _Time] = {}
         makespan = start
-        for items in steps:
+        for items, share in zip(steps, shares):
             _, slot, t = heapq.heappop(heap)
             t = _add(t, (0.0, 0.0, 0.0, 1.0))
             for role, tile, length in items:
-                t = _add(t, (float(length), 1.0, 0.0, 0.0))
+                t = _add(t, (float(length) * share, 1.0, 0.0, 0.0))
                 if role == _ATOMIC:
                     t = _add(t, (0.0, 0.0, 1.0, 0.0))
                 elif role == _OWNER:
@@ -228,6 +275,7 @@ def critical_features(
     blocks_per_sm: int | None = None,
     cost: CostParams = DEFAULT_COST,
     fixup: str = "workspace",
+    saturation: int | None = None,
 ) -> tuple[float, float, float, float]:
     """Iterations, segments, partial transfers and blocks on the critical chain of ``p``.
 
@@ -242,12 +290,18 @@ def critical_features(
         Constants that decide which chain is critical.
     fixup : str
         One of :data:`FIXUPS`.
+    saturation : int, optional
+        Resident blocks per SM that keep an SM busy (module docstring); the plan's own
+        ``blocks_per_sm`` by default.
 
     Returns
     -------
     tuple of float
     """
-    return _simulate(p, _slots(p, num_sms, blocks_per_sm), cost, fixup)
+    slots = _slots(p, num_sms, blocks_per_sm)
+    bps = p.blocks_per_sm if blocks_per_sm is None else blocks_per_sm
+    shares = _shares(p, slots // bps, bps, saturation)
+    return _simulate(p, slots, cost, fixup, shares)
 
 
 def predicted_time(
@@ -256,6 +310,7 @@ def predicted_time(
     blocks_per_sm: int | None = None,
     cost: CostParams = DEFAULT_COST,
     fixup: str = "workspace",
+    saturation: int | None = None,
 ) -> float:
     """Predicted run time of ``p`` in units (one K-panel iteration of one tile).
 
@@ -267,11 +322,15 @@ def predicted_time(
     cost : CostParams
     fixup : str
         One of :data:`FIXUPS`: how split tiles are combined.
+    saturation : int, optional
+        Resident blocks per SM that keep an SM busy (module docstring); the plan's own
+        ``blocks_per_sm`` by default.
 
     Returns
     -------
     float
-        The makespan of list-scheduling the blocks onto ``num_sms * blocks_per_sm`` slots.
+        The makespan of list-scheduling the blocks onto ``num_sms * blocks_per_sm`` slots, the
+        resident blocks of an SM sharing it.
 
     Examples
     --------
@@ -281,7 +340,7 @@ def predicted_time(
     >>> predicted_time(p, cost=CostParams(c_seg=4.0, c_fix=3.0, c_block=1.0))
     18.0
     """
-    features = critical_features(p, num_sms, blocks_per_sm, cost, fixup)
+    features = critical_features(p, num_sms, blocks_per_sm, cost, fixup, saturation)
     return _value(features, cost.vector())
 
 
@@ -414,6 +473,8 @@ def choose(
     blocks_per_sm: int = 1,
     cost: CostParams | None = None,
     fixup: str = "workspace",
+    dp_blocks_per_sm: int | None = None,
+    saturation: int | None = None,
 ) -> Plan:
     """Pick the decomposition with the smallest predicted time; fill :attr:`Plan.reason`.
 
@@ -431,6 +492,12 @@ def choose(
         Constants of the model; :data:`DEFAULT_COST` when None.
     fixup : str
         The fixup the kernel will use, one of :data:`FIXUPS`.
+    dp_blocks_per_sm : int, optional
+        Resident blocks per SM of the data-parallel kernel (its occupancy); ``blocks_per_sm`` by
+        default.
+    saturation : int, optional
+        Resident blocks that keep an SM busy (:func:`saturation`); ``dp_blocks_per_sm`` by
+        default.
 
     Returns
     -------
@@ -449,8 +516,10 @@ def choose(
             f"cost must be a tvm_streamk.cost_model.CostParams, found {type(cost).__name__}"
         )
     _check_fixup(fixup)
-    dp = plan(tiles, panels, num_sms, blocks_per_sm, "data_parallel")
-    slots = num_sms * blocks_per_sm
+    dp_bps = blocks_per_sm if dp_blocks_per_sm is None else dp_blocks_per_sm
+    busy = dp_bps if saturation is None else saturation
+    dp = plan(tiles, panels, num_sms, dp_bps, "data_parallel")
+    slots = num_sms * dp_bps
     waves = -(-tiles // slots)
     if tiles % slots == 0:
         return dataclasses.replace(
@@ -458,9 +527,9 @@ def choose(
             reason=f"tiles {tiles} = {waves} full wave(s) of {slots} slots: data-parallel has "
             "no quantisation loss",
         )
-    t_dp = predicted_time(dp, cost=cost, fixup=fixup)
+    t_dp = predicted_time(dp, cost=cost, fixup=fixup, saturation=busy)
     scored = [(t_dp, dp)] + [
-        (predicted_time(c, cost=cost, fixup=fixup), c)
+        (predicted_time(c, cost=cost, fixup=fixup, saturation=busy), c)
         for c in candidates(tiles, panels, num_sms, blocks_per_sm)
         if c.policy != dp.policy
     ]

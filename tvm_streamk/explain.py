@@ -19,7 +19,7 @@ import tvm
 from tvm import tirx
 
 from . import annotations as ann
-from . import cost_model, decomposition
+from . import cost_model, decomposition, ptxas, resources
 from ._compat import SBlockRealize, structural_map
 from .analysis import StreamKSite, analyze, blocks_under, find_block_path
 from .decomposition import Plan
@@ -113,6 +113,10 @@ class Explanation:
         the atomic prologue).
     function, block : str or None
         Where the decision was read from, for a schedule; None for a bare plan.
+    occupancy : dict or None
+        For a kernel explained with a CUDA ``target``: ``"kernel"`` and ``"data_parallel"``, the
+        :class:`~tvm_streamk.occupancy.Occupancy` of the built Stream-K kernel and of the
+        data-parallel one, which then also size the baseline and the model's SM sharing.
     """
 
     plan: Plan
@@ -125,6 +129,7 @@ class Explanation:
     output_bytes: int
     function: str | None = None
     block: str | None = None
+    occupancy: dict | None = None
 
     @property
     def slots(self) -> int | None:
@@ -168,6 +173,9 @@ class Explanation:
             "predicted_speedup": self.speedup,
             "plan": _stats_dict(self.stats),
             "data_parallel": _stats_dict(self.baseline_stats),
+            "occupancy": None
+            if self.occupancy is None
+            else {k: dataclasses.asdict(v) for k, v in self.occupancy.items()},
         }
 
     def __str__(self) -> str:
@@ -192,6 +200,7 @@ class Explanation:
                 break_on_hyphens=False,
             ),
             f"  fixup     {self.fixup}",
+            *_occupancy_lines(self.occupancy),
             "",
         ]
         ours = _column(self.stats, self.speedup)
@@ -215,6 +224,7 @@ def explain(
     num_sms: int | None = None,
     accumulator_bytes: int | None = None,
     output_bytes: int | None = None,
+    target=None,
     print_: bool = True,
 ) -> Explanation:
     """Report what a Stream-K decomposition does, beside data-parallel for the same work.
@@ -238,6 +248,11 @@ def explain(
     accumulator_bytes, output_bytes : int, optional
         Bytes per element of the accumulator and of the output; read from a kernel's buffers,
         4 (float32) by default for a plan.
+    target : Target or str, optional
+        For a kernel: a CUDA target to build it for (nvcc needed). The report then gives the
+        resident blocks per SM of the built Stream-K and data-parallel kernels
+        (:mod:`tvm_streamk.resources`), sizes the baseline by the latter's and lets the
+        model's SMs run at their occupancy.
     print_ : bool
         Print the report as well as returning it.
 
@@ -261,10 +276,10 @@ def explain(
     (2, 1, 4096, 2)
     """
     if isinstance(sch_or_plan, Plan):
-        if block is not None or num_sms is not None:
+        if block is not None or num_sms is not None or target is not None:
             raise ExplainError(
-                "block= and num_sms= apply to kernels; found them with a Plan, which already "
-                "fixes both (build another plan with tvm_streamk.plan instead)"
+                "block=, num_sms= and target= apply to kernels; found them with a Plan, which "
+                "already fixes the first two (build another plan with tvm_streamk.plan instead)"
             )
         fixup = "atomic" if fixup is None else fixup
         result = _explanation(
@@ -283,6 +298,7 @@ def explain(
             num_sms=num_sms,
             accumulator_bytes=accumulator_bytes,
             output_bytes=output_bytes,
+            target=target,
         )
     if print_:
         print(result)
@@ -304,6 +320,17 @@ def _tile_shape(shape) -> tuple[int, ...] | None:
     return dims
 
 
+def _occupancy_lines(occ: dict | None) -> list[str]:
+    if occ is None:
+        return []
+    k, d = occ["kernel"], occ["data_parallel"]
+    return [
+        f"  occupancy built kernel {k.blocks} block(s)/SM resident ({k.active_warps}/"
+        f"{k.max_warps} warps, {k.limiter} limit); data-parallel kernel {d.blocks} "
+        f"({d.active_warps}/{d.max_warps} warps)"
+    ]
+
+
 def _slots(p: Plan) -> int | None:
     return None if p.num_sms is None else p.num_sms * p.blocks_per_sm
 
@@ -313,7 +340,7 @@ def workspace_slots(p: Plan) -> int:
     return p.workspace_slots
 
 
-def _stats(p: Plan, fixup: str, tile_elems: int | None, acc_bytes: int, out_bytes: int):
+def _stats(p: Plan, fixup: str, tile_elems, acc_bytes: int, out_bytes: int, saturation=None):
     slots = _slots(p)
     iterations = p.iterations_per_block
     segments = [len(w) for w in p.work]
@@ -323,7 +350,7 @@ def _stats(p: Plan, fixup: str, tile_elems: int | None, acc_bytes: int, out_byte
         workspace, zeroed = need.workspace_bytes, need.zeroed_bytes
     predicted = None
     if slots is not None:
-        predicted = cost_model.predicted_time(p, fixup=fixup)
+        predicted = cost_model.predicted_time(p, fixup=fixup, saturation=saturation)
     return PlanStats(
         label=p.label,
         grid=p.grid,
@@ -347,27 +374,33 @@ def _explanation(
     out_bytes: int,
     function: str | None = None,
     block: str | None = None,
+    occupancy: dict | None = None,
 ) -> Explanation:
     if fixup not in FIXUPS:
         raise ExplainError(f"fixup must be one of {list(FIXUPS)}, found {fixup!r}")
     for name, value in (("accumulator_bytes", acc_bytes), ("output_bytes", out_bytes)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ExplainError(f"{name} must be a positive int, found {value!r}")
+    dp_bps, busy = p.blocks_per_sm, None
+    if occupancy is not None:
+        dp = occupancy["data_parallel"]
+        dp_bps, busy = dp.blocks, cost_model.saturation(dp.warps_per_block, dp.blocks)
     baseline = decomposition.plan(
-        p.tiles, p.panels, p.num_sms, blocks_per_sm=p.blocks_per_sm, policy="data_parallel"
+        p.tiles, p.panels, p.num_sms, blocks_per_sm=dp_bps, policy="data_parallel"
     )
     tile_elems = None if tile_shape is None else math.prod(tile_shape)
     return Explanation(
         plan=p,
         baseline=baseline,
-        stats=_stats(p, fixup, tile_elems, acc_bytes, out_bytes),
-        baseline_stats=_stats(baseline, fixup, tile_elems, acc_bytes, out_bytes),
+        stats=_stats(p, fixup, tile_elems, acc_bytes, out_bytes, busy),
+        baseline_stats=_stats(baseline, fixup, tile_elems, acc_bytes, out_bytes, busy),
         fixup=fixup,
         tile_shape=tile_shape,
         accumulator_bytes=acc_bytes,
         output_bytes=out_bytes,
         function=function,
         block=block,
+        occupancy=occupancy,
     )
 
 
@@ -386,7 +419,20 @@ def _functions(obj) -> list[tuple[str, tirx.PrimFunc]]:
     )
 
 
-def _from_kernel(obj, *, tile_shape, fixup, block, num_sms, accumulator_bytes, output_bytes):
+def _occupancy_of(mod: tvm.IRModule, target) -> dict:
+    """The built Stream-K and data-parallel kernels' occupancy for a CUDA ``target``."""
+    target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+    try:
+        _, kernel = resources.resident_blocks(mod, target, "tvm_streamk")
+        _, dp = resources.resident_blocks(ann.without_decisions(mod), target)
+    except (ValueError, ptxas.PtxasError) as err:
+        raise ExplainError(f"cannot count resident blocks for target {target}: {err}") from None
+    return {"kernel": kernel, "data_parallel": dp}
+
+
+def _from_kernel(
+    obj, *, tile_shape, fixup, block, num_sms, accumulator_bytes, output_bytes, target=None
+):
     annotated = [
         (name, func, b.name_hint)
         for name, func in _functions(obj)
@@ -455,6 +501,9 @@ def _from_kernel(obj, *, tile_shape, fixup, block, num_sms, accumulator_bytes, o
         reason = f"{reason}; the cost model agrees: {model.reason}"
     p = dataclasses.replace(p, reason=reason)
     output = site.writebacks[0].output
+    occupancy = None
+    if target is not None:
+        occupancy = _occupancy_of(tvm.IRModule({tvm.ir.GlobalVar(func_name): func}), target)
     return _explanation(
         p,
         decision.fixup,
@@ -463,6 +512,7 @@ def _from_kernel(obj, *, tile_shape, fixup, block, num_sms, accumulator_bytes, o
         output_bytes or _dtype_bytes(str(output.dtype)),
         function=func_name,
         block=block_name,
+        occupancy=occupancy,
     )
 
 

@@ -20,7 +20,7 @@ from .dlight import StreamKMatmul
 CUDA_BACKEND = "tvm.relax.backend.cuda.pipeline"
 
 
-def relax_pipeline(target, *, num_sms=None, blocks_per_sm=1, policy="heuristic", fixup="auto"):
+def relax_pipeline(target, *, num_sms=None, blocks_per_sm=None, policy="heuristic", fixup="auto"):
     """The Relax pipeline for ``target`` (a CUDA target or tag) with Stream-K matmuls.
 
     Parameters

@@ -7,7 +7,7 @@ import dataclasses
 import tvm
 
 from . import annotations as ann
-from . import cost_model, decomposition, gpus
+from . import cost_model, decomposition, gpus, occupancy, ptxas, resources
 from ._compat import Schedule
 from .analysis import StreamKSite, analyze_block, sblock_rv
 from .decomposition import policy as policies
@@ -48,7 +48,7 @@ def stream_k(
     block,
     *,
     num_sms: int | str | None = None,
-    blocks_per_sm: int = 1,
+    blocks_per_sm: int | None = None,
     fixup: str = "auto",
     deterministic: bool = False,
     policy: str = "stream_k",
@@ -88,8 +88,12 @@ def stream_k(
         its 132 SMs, an OpenCL build for the PoCL device's compute units. ``"heuristic"`` and
         tensor-core fragments need the count now. In both cases the returned plan is the one
         for a single SM.
-    blocks_per_sm : int
-        Resident blocks per SM; the persistent grid is ``blocks_per_sm * num_sms``.
+    blocks_per_sm : int, optional
+        Resident blocks per SM; the persistent grid is ``blocks_per_sm * num_sms``. By default
+        the kernel's own occupancy on a CUDA target whose arch :mod:`tvm_streamk.occupancy`
+        knows: the data-parallel kernel and then the Stream-K kernel are built, ptxas counts
+        their registers, and the grid is sized for the blocks of the built kernel one SM holds
+        (as CUTLASS sizes its persistent grid). Without nvcc, for OpenCL, or with no target: 1.
     fixup : str
         How partial tiles are merged. ``"atomic"``: atomic adds into an output zeroed by a
         prologue kernel (the accumulator dtype needs a device atomic add and the write-back must
@@ -183,49 +187,123 @@ def stream_k(
         # or plans again for the compile target's count.
         sms = 1
 
-    try:
-        if site.fragment_accumulator:
-            chosen = _aligned_plan(site, sms, blocks_per_sm, policy, splits)
-        else:
-            chosen = decomposition.plan(
+    def choose(bps: int, dp=None) -> decomposition.Plan:
+        """The plan for ``bps`` resident blocks; ``dp`` is the data-parallel kernel's
+        occupancy when known."""
+        dp_bps = None if dp is None else dp.blocks
+        busy = None if dp is None else cost_model.saturation(dp.warps_per_block, dp.blocks)
+        try:
+            if site.fragment_accumulator:
+                return _aligned_plan(site, sms, bps, policy, splits, dp_bps, busy)
+            return decomposition.plan(
                 site.tiles,
                 site.panels,
                 sms,
-                blocks_per_sm=blocks_per_sm,
+                blocks_per_sm=bps,
                 policy=policy,
                 splits=splits,
                 variant=variant,
                 fixup=fixup,
+                dp_blocks_per_sm=dp_bps,
+                saturation=busy,
             )
-    except ValueError as err:
-        raise StreamKError("decomposition", str(err), "Fix the policy arguments.") from None
+        except ValueError as err:
+            raise StreamKError("decomposition", str(err), "Fix the policy arguments.") from None
+
+    def record(on: Schedule, chosen: decomposition.Plan, bps: int) -> None:
+        if site.has_init and on.get(block_rv).init is not None:
+            # The persistent kernel re-initialises the accumulator per segment, before its panels.
+            on.decompose_reduction(block_rv, _panel_loop_rv(on, block_rv, site))
+        decision = ann.Decision(
+            policy=chosen.policy,
+            variant=chosen.variant,
+            num_sms=sms if recorded_sms is None else recorded_sms,
+            blocks_per_sm=bps,
+            splits=chosen.splits,
+            fixup=fixup,
+            group=group or 0,
+        )
+        # A second call replaces the first decision (TVM's annotate keeps an existing key's
+        # value, so the old keys are removed first; the trace records both steps and replays to
+        # the same).
+        existing = on.get(block_rv).annotations
+        for key in ann.KEYS:
+            if key in existing:
+                on.unannotate(block_rv, key)
+        for key, value in decision.as_annotations().items():
+            on.annotate(block_rv, key, value)
+
+    if blocks_per_sm is not None:
+        bps, chosen, note = blocks_per_sm, choose(blocks_per_sm), None
+    else:
+        bps, chosen, note = _occupancy_plan(sch, target, choose, record)
     if recorded_sms is not None:
         when = "the run-time grid" if device_mode else "the compile target's SM count"
         chosen = dataclasses.replace(chosen, reason=f"planned for one SM: the kernel uses {when}")
-    if site.has_init:
-        # The persistent kernel re-initialises the accumulator per segment, before its panels.
-        sch.decompose_reduction(block_rv, _panel_loop_rv(sch, block_rv, site))
-    decision = ann.Decision(
-        policy=chosen.policy,
-        variant=chosen.variant,
-        num_sms=sms if recorded_sms is None else recorded_sms,
-        blocks_per_sm=blocks_per_sm,
-        splits=chosen.splits,
-        fixup=fixup,
-        group=group or 0,
-    )
-    # A second call replaces the first decision (TVM's annotate keeps an existing key's value,
-    # so the old keys are removed first; the trace records both steps and replays to the same).
-    existing = sch.get(block_rv).annotations
-    for key in ann.KEYS:
-        if key in existing:
-            sch.unannotate(block_rv, key)
-    for key, value in decision.as_annotations().items():
-        sch.annotate(block_rv, key, value)
+    if note:
+        chosen = dataclasses.replace(chosen, reason=f"{chosen.reason}; {note}")
+    record(sch, chosen, bps)
     return chosen
 
 
-def _aligned_plan(site: StreamKSite, sms: int, blocks_per_sm: int, policy: str, splits):
+def _no_occupancy(target: tvm.target.Target | None) -> str | None:
+    """Why the resident blocks of a kernel cannot be counted for ``target`` (None if they can)."""
+    if target is None:
+        return "no target to count resident blocks for"
+    if target.kind.name != "cuda":
+        return f"one block per compute unit on {target.kind.name}"
+    arch = str(target.attrs["arch"]) if target.attrs and "arch" in target.attrs else ""
+    try:
+        occupancy.arch_limits(arch)
+    except KeyError:
+        return f"no occupancy limits for arch {arch or None!r}"
+    if not ptxas.available():
+        return "no nvcc on PATH to count the kernel's registers"
+    return None
+
+
+def _occupancy_plan(sch: Schedule, target, choose, record):
+    """``(blocks_per_sm, plan, note)`` for the kernel's resident blocks per SM.
+
+    The data-parallel kernel as scheduled is built and read by ptxas first; the plan made for
+    its occupancy is then built as the Stream-K kernel on a copy of the schedule, and when that
+    kernel holds a different number of blocks per SM the plan is made again for it, as CUTLASS
+    sizes its persistent grid by the occupancy of the kernel it launches.
+    """
+    why = _no_occupancy(target)
+    if why is not None:
+        return 1, choose(1), f"1 block/SM ({why})"
+    try:
+        _, dp = resources.resident_blocks(ann.without_decisions(sch.mod), target)
+        if dp.blocks < 1:
+            raise StreamKError(
+                "occupancy",
+                f"the data-parallel kernel does not fit one SM ({dp.by_limit} blocks by limit)",
+                "Use smaller tiles or fewer threads per block, or pass blocks_per_sm.",
+            )
+        chosen = choose(dp.blocks, dp)
+        trial = sch.copy()
+        record(trial, chosen, dp.blocks)
+        _, built = resources.resident_blocks(trial.mod, target, "tvm_streamk")
+    except StreamKError:
+        raise
+    except Exception as err:  # noqa: BLE001 - TVM and nvcc fail with assorted exception types
+        # A kernel that does not build here still gets a decision: one block per SM, and why.
+        first = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
+        return 1, choose(1), f"1 block/SM (the kernel did not build for its occupancy: {first})"
+    bps = built.blocks if built.blocks >= 1 else dp.blocks
+    if bps != dp.blocks:
+        chosen = choose(bps, dp)
+    note = (
+        f"{bps} resident block(s)/SM of the built kernel ({built.limiter} limit; data-parallel "
+        f"kernel {dp.blocks})"
+    )
+    return bps, chosen, note
+
+
+def _aligned_plan(
+    site: StreamKSite, sms: int, blocks_per_sm: int, policy: str, splits, dp_bps=None, busy=None
+) -> decomposition.Plan:
     """The plan a tensor-core fragment accumulator allows (see
     :func:`tvm_streamk.legality.check_fragment_plan`).
 
@@ -238,12 +316,13 @@ def _aligned_plan(site: StreamKSite, sms: int, blocks_per_sm: int, policy: str, 
         check_fragment_plan(chosen, site.fragment_accumulator)
         return chosen
     divisors = [d for d in range(1, panels + 1) if panels % d == 0]
-    candidates = [decomposition.plan(site.tiles, panels, sms, blocks_per_sm, "data_parallel")]
+    dp_bps = blocks_per_sm if dp_bps is None else dp_bps
+    candidates = [decomposition.plan(site.tiles, panels, sms, dp_bps, "data_parallel")]
     candidates += [
         decomposition.plan(site.tiles, panels, sms, blocks_per_sm, "split_k", d)
         for d in divisors[1:]
     ]
-    times = [cost_model.predicted_time(c, sms, blocks_per_sm) for c in candidates]
+    times = [cost_model.predicted_time(c, sms, saturation=busy) for c in candidates]
     best = min(range(len(candidates)), key=lambda i: (times[i], i))
     return candidates[best]
 

@@ -293,6 +293,8 @@ def plan(
     variant: str | None = None,
     cost: Any = None,
     fixup: str = "workspace",
+    dp_blocks_per_sm: int | None = None,
+    saturation: int | None = None,
 ) -> Plan:
     """Decompose ``tiles`` x ``panels`` iterations over a grid of blocks.
 
@@ -320,6 +322,10 @@ def plan(
     fixup : str
         The fixup the kernel will use (``"workspace"`` or ``"atomic"``), which a chooser's model
         prices; ignored by concrete policies.
+    dp_blocks_per_sm, saturation : int, optional
+        Resident blocks per SM of the data-parallel kernel, and the resident blocks that keep an
+        SM busy, for a chooser's model (:func:`tvm_streamk.cost_model.choose`); ignored by
+        concrete policies.
 
     Returns
     -------
@@ -360,7 +366,16 @@ def plan(
             "num_sms= (tvm_streamk.gpus.num_sms_for_target looks it up from the target)"
         )
     if choose is not None:
-        return choose(tiles, panels, num_sms, blocks_per_sm, cost=cost, fixup=fixup)
+        return choose(
+            tiles,
+            panels,
+            num_sms,
+            blocks_per_sm,
+            cost=cost,
+            fixup=fixup,
+            dp_blocks_per_sm=dp_blocks_per_sm,
+            saturation=saturation,
+        )
     rule = registry.get(policy, variant)
     if rule.takes_splits:
         if splits is None:

@@ -207,8 +207,9 @@ def unregister(cls: type[Policy]) -> None:
 
 
 def register_chooser(name: str, choose: Callable[..., Plan]) -> None:
-    """Register ``choose(tiles, panels, num_sms, blocks_per_sm, cost=, fixup=)`` under ``name``:
-    ``plan(policy=name)`` returns its plan of a concrete policy."""
+    """Register ``choose(tiles, panels, num_sms, blocks_per_sm, cost=, fixup=,
+    dp_blocks_per_sm=, saturation=)`` under ``name``: ``plan(policy=name)`` returns its plan of
+    a concrete policy."""
     if any(p.name == name for p in _POLICIES.values()):
         raise DecompositionError(f"{name!r} is already the name of a policy")
     _CHOOSERS[name] = choose

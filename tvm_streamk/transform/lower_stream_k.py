@@ -51,10 +51,6 @@ from ._ir import (
 from .localize import localize_accumulator
 
 
-def _without_decision(annotations) -> dict:
-    return {k: v for k, v in annotations.items() if not k.startswith(ann.PREFIX)}
-
-
 def plan_for(
     site: StreamKSite, decision: ann.Decision, target: tvm.target.Target | None = None
 ) -> decomposition.Plan:
@@ -125,7 +121,7 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
 
     def strip(block: SBlock) -> SBlock:
         if block.name_hint == block_name:
-            return replace_block(block, annotations=_without_decision(block.annotations))
+            return replace_block(block, annotations=ann.stripped(block.annotations))
         return block
 
     if plan.scheme.is_original:

@@ -1,0 +1,130 @@
+"""A CUDA build's per-kernel threads, registers and shared memory, and its resident blocks per SM.
+
+Threads and dynamic shared memory come from the lowered device functions (their
+``thread_extent`` attributes and ``shared.dyn`` allocation), registers, spills and static shared
+memory from ptxas (:mod:`tvm_streamk.ptxas`, which needs ``nvcc``), the limits from
+:mod:`tvm_streamk.occupancy`. No GPU is needed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import tvm
+from tvm import tirx
+
+from . import occupancy, ptxas
+from ._compat import get_tir_pipeline, split_host_device_mods, structural_walk
+
+__all__ = ["KernelUse", "kernel_uses", "resident_blocks"]
+
+
+@dataclass(frozen=True)
+class KernelUse:
+    """What one kernel of a build asks of an SM.
+
+    Attributes
+    ----------
+    threads : int
+        Threads per block.
+    registers : int
+        Registers per thread (ptxas).
+    shared : int
+        Shared memory per block in bytes: ptxas's static count plus the dynamic allocation.
+    spills : int
+        Bytes of spill stores and loads (ptxas).
+    """
+
+    threads: int
+    registers: int
+    shared: int
+    spills: int
+
+    def occupancy(self, arch: str) -> occupancy.Occupancy:
+        return occupancy.resident_blocks(arch, self.threads, self.registers, self.shared)
+
+
+def _arch(target: tvm.target.Target) -> str:
+    attrs = target.attrs
+    if target.kind.name != "cuda" or attrs is None or "arch" not in attrs:
+        raise ValueError(f"a CUDA target with an arch is needed, found {target}")
+    return str(attrs["arch"])
+
+
+def _threads(func: tirx.PrimFunc) -> int:
+    extents: dict[str, int] = {}
+
+    def on_attr(node) -> None:
+        if node.attr_key == "thread_extent" and str(node.node.thread_tag).startswith("threadIdx"):
+            extents[str(node.node.thread_tag)] = int(node.value)
+
+    structural_walk(func.body, (tirx.AttrStmt, on_attr))
+    return math.prod(extents.values()) if extents else 1
+
+
+def _dynamic_shared(func: tirx.PrimFunc) -> int:
+    found = [0]
+
+    def on_alloc(node) -> None:
+        buf = node.buffer
+        if buf.scope() == "shared.dyn" and all(isinstance(d, tirx.IntImm) for d in buf.shape):
+            elems = math.prod(int(d) for d in buf.shape)
+            found[0] += elems * tvm.DataType(str(buf.dtype)).bits // 8
+
+    structural_walk(func.body, (tirx.AllocBuffer, on_alloc))
+    return found[0]
+
+
+def kernel_uses(
+    mod: tvm.IRModule, target: tvm.target.Target, pipeline: str = "default"
+) -> dict[str, KernelUse]:
+    """Per kernel of ``mod`` built for the CUDA ``target`` through the TIR ``pipeline``.
+
+    Raises
+    ------
+    tvm_streamk.ptxas.PtxasError
+        When nvcc is missing, or ptxas refuses a kernel.
+    """
+    arch = _arch(target)
+    # A function fresh from dlight has no symbol yet; without one TVM builds no entry for it.
+    mod = tvm.IRModule(
+        {
+            gv: f.with_attr("global_symbol", gv.name_hint)
+            if isinstance(f, tirx.PrimFunc) and "global_symbol" not in (f.attrs or {})
+            else f
+            for gv, f in mod.functions.items()
+        }
+    )
+    pipeline_pass, _, _ = get_tir_pipeline(pipeline)
+    lowered = pipeline_pass(tirx.transform.BindTarget(target.with_host("llvm"))(mod))
+    _, device_mods = split_host_device_mods(lowered)
+    kernels: dict[str, tirx.PrimFunc] = {}
+    for device_mod in device_mods.values():
+        for gv, func in device_mod.functions.items():
+            kernels[str(func.attrs.get("global_symbol", gv.name_hint))] = func
+    built = tvm.compile(mod, target=target, tir_pipeline=pipeline)
+    report = ptxas.resources(built.mod.imports[0].inspect_source(), arch)
+    uses = {}
+    for name, func in kernels.items():
+        found = report[name]
+        uses[name] = KernelUse(
+            threads=_threads(func),
+            registers=found.registers,
+            shared=found.shared + _dynamic_shared(func),
+            spills=found.spills,
+        )
+    return uses
+
+
+def resident_blocks(
+    mod: tvm.IRModule, target: tvm.target.Target, pipeline: str = "default"
+) -> tuple[str, occupancy.Occupancy]:
+    """The kernel of ``mod`` with the fewest resident blocks per SM (the persistent one, in a
+    Stream-K build; a prologue kernel holds more) and its :class:`~tvm_streamk.occupancy.Occupancy`.
+    """
+    arch = _arch(target)
+    uses = kernel_uses(mod, target, pipeline)
+    occupancies = {name: use.occupancy(arch) for name, use in uses.items()}
+    name = min(occupancies, key=lambda n: (occupancies[n].blocks, n))
+    return name, occupancies[name]
