@@ -4,16 +4,15 @@
 block carries a decision of :func:`tvm_streamk.stream_k`, and reports what the kernel will do:
 the grid and its waves, how evenly the iterations spread over blocks, which tiles are split and
 between how many blocks, the extra memory the fix-up needs, and the time the cost model predicts
-relative to data-parallel. It only reads: nothing is built or run.
+relative to data-parallel. It only reads, unless given a CUDA ``target``: then it builds the
+kernel and its data-parallel twin to count their resident blocks per SM. The report itself is
+:class:`~tvm_streamk.report.Explanation`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import textwrap
-from dataclasses import dataclass
-from typing import Any
 
 import tvm
 from tvm import tirx
@@ -23,6 +22,8 @@ from . import cost_model, decomposition, ptxas, resources
 from ._compat import SBlockRealize, structural_map
 from .analysis import StreamKSite, analyze, blocks_under, find_block_path
 from .decomposition import Plan
+from .report import Explanation, PlanStats
+from .report import slots as _slots
 from .transform import fixup as fixups
 from .transform.lower_stream_k import plan_for
 
@@ -37,182 +38,6 @@ class ExplainError(ValueError):
 
     The message says what was expected, what was found and what to do.
     """
-
-
-@dataclass(frozen=True)
-class PlanStats:
-    """The figures of one decomposition that :class:`Explanation` sets side by side.
-
-    Attributes
-    ----------
-    label : str
-        The policy, with its split count or hybrid variant (``"split_k(S=3)"``).
-    grid : int
-        Blocks launched.
-    waves : int or None
-        Launch waves of ``grid`` blocks over ``num_sms * blocks_per_sm`` slots (None without an SM
-        count). A persistent Stream-K grid is one wave by construction.
-    iterations_per_block : tuple of int
-        Fewest and most K-panel iterations any block runs.
-    segments_per_block : tuple of int
-        Fewest and most tiles (segments) any block touches.
-    split_tiles : int
-        Tiles covered by more than one block, which need the fix-up.
-    max_peers : int
-        Most blocks sharing one tile (1 when no tile is split).
-    workspace_slots : int
-        Partial-tile slots the workspace fix-up allocates when any tile is split: two per block
-        (its first and last segment may be partial), one per block for split-K. Reported whatever
-        the fix-up in use.
-    workspace_bytes : int or None
-        Global memory the fix-up takes from the workspace pool at each call. Workspace fix-up:
-        ``workspace_slots`` accumulator tiles plus one int32 arrival counter per tile, 0 when no
-        tile is split. Atomic fix-up: 0. None when the tile shape is unknown.
-    zeroed_bytes : int or None
-        Bytes the prologue kernel zeroes at each call. Atomic fix-up: the output tiles that are
-        split, whole (an upper bound at predicated edges). Workspace fix-up: the arrival counters.
-        None when the tile shape is unknown.
-    predicted_units : float or None
-        :func:`tvm_streamk.cost_model.predicted_time` (one unit = one K-panel iteration of one
-        tile), or None without an SM count.
-    """
-
-    label: str
-    grid: int
-    waves: int | None
-    iterations_per_block: tuple[int, int]
-    segments_per_block: tuple[int, int]
-    split_tiles: int
-    max_peers: int
-    workspace_slots: int
-    workspace_bytes: int | None
-    zeroed_bytes: int | None
-    predicted_units: float | None
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """What a Stream-K decomposition does, beside the data-parallel baseline for the same work.
-
-    ``str(explanation)`` is the multi-line report; :meth:`as_dict` the same figures as plain data.
-
-    Attributes
-    ----------
-    plan : Plan
-        The decomposition explained.
-    baseline : Plan
-        The data-parallel plan of the same tiles, panels and SMs.
-    stats, baseline_stats : PlanStats
-        The figures of ``plan`` and of ``baseline``.
-    fixup : str
-        How split tiles are merged: ``"atomic"`` or ``"workspace"``.
-    tile_shape : tuple of int or None
-        Output elements per tile along each output axis, if known.
-    accumulator_bytes, output_bytes : int
-        Bytes per element of the accumulator (workspace partials) and of the output (zeroed by
-        the atomic prologue).
-    function, block : str or None
-        Where the decision was read from, for a schedule; None for a bare plan.
-    occupancy : dict or None
-        For a kernel explained with a CUDA ``target``: ``"kernel"`` and ``"data_parallel"``, the
-        :class:`~tvm_streamk.occupancy.Occupancy` of the built Stream-K kernel and of the
-        data-parallel one, which then also size the baseline and the model's SM sharing.
-    """
-
-    plan: Plan
-    baseline: Plan
-    stats: PlanStats
-    baseline_stats: PlanStats
-    fixup: str
-    tile_shape: tuple[int, ...] | None
-    accumulator_bytes: int
-    output_bytes: int
-    function: str | None = None
-    block: str | None = None
-    occupancy: dict | None = None
-
-    @property
-    def slots(self) -> int | None:
-        """Blocks resident at once, ``num_sms * blocks_per_sm`` (None without an SM count)."""
-        return _slots(self.plan)
-
-    @property
-    def speedup(self) -> float | None:
-        """Predicted data-parallel time over the plan's (above 1: the plan is faster)."""
-        ours, theirs = self.stats.predicted_units, self.baseline_stats.predicted_units
-        if ours is None or theirs is None or ours <= 0:
-            return None
-        return theirs / ours
-
-    def as_dict(self) -> dict[str, Any]:
-        """The report as plain, JSON-serialisable data.
-
-        Returns
-        -------
-        dict
-            Top-level keys describe the work and the choice (``policy``, ``reason``, ``tiles``,
-            ``panels``, ``num_sms``, ``fixup``, ``tile_shape``, ``predicted_speedup``, ...);
-            ``"plan"`` and ``"data_parallel"`` hold the :class:`PlanStats` of each as dicts.
-        """
-        p = self.plan
-        return {
-            "function": self.function,
-            "block": self.block,
-            "policy": p.policy,
-            "variant": p.variant,
-            "splits": p.splits,
-            "reason": p.reason,
-            "tiles": p.tiles,
-            "panels": p.panels,
-            "iterations": p.iterations,
-            "num_sms": p.num_sms,
-            "blocks_per_sm": p.blocks_per_sm,
-            "slots": self.slots,
-            "fixup": self.fixup,
-            "tile_shape": None if self.tile_shape is None else list(self.tile_shape),
-            "predicted_speedup": self.speedup,
-            "plan": _stats_dict(self.stats),
-            "data_parallel": _stats_dict(self.baseline_stats),
-            "occupancy": None
-            if self.occupancy is None
-            else {k: dataclasses.asdict(v) for k, v in self.occupancy.items()},
-        }
-
-    def __str__(self) -> str:
-        p = self.plan
-        where = f" for block {self.block!r} of {self.function!r}" if self.block is not None else ""
-        tile = "" if self.tile_shape is None else " of " + "x".join(map(str, self.tile_shape))
-        if p.num_sms is None:
-            device = "no SM count (waves and predictions need one)"
-        else:
-            device = f"{p.num_sms} SMs x {p.blocks_per_sm} block(s)/SM = {self.slots} slots"
-        lines = [
-            f"Stream-K decomposition{where}",
-            f"  work      {_count(p.tiles, 'tile')}{tile} x {_count(p.panels, 'K-panel')} = "
-            f"{_count(p.iterations, 'iteration')}",
-            f"  device    {device}",
-            f"  policy    {self.stats.label}",
-            *textwrap.wrap(
-                p.reason or "no reason recorded",
-                width=96,
-                initial_indent="  why       ",
-                subsequent_indent="            ",
-                break_on_hyphens=False,
-            ),
-            f"  fixup     {self.fixup}",
-            *_occupancy_lines(self.occupancy),
-            "",
-        ]
-        ours = _column(self.stats, self.speedup)
-        base = _column(self.baseline_stats, None if self.speedup is None else 1.0)
-        cells = list(zip(("", *_ROW_NAMES), ours, base))
-        w0 = max(len(a) for a, _, _ in cells)
-        w1 = max(len(b) for _, b, _ in cells)
-        w2 = max(len(c) for _, _, c in cells)
-        lines += [f"  {a:<{w0}}  {b:>{w1}}  {c:>{w2}}".rstrip() for a, b, c in cells]
-        if self.stats.workspace_bytes is None:
-            lines.append("  (byte counts need the tile shape: pass tile_shape=)")
-        return "\n".join(lines)
 
 
 def explain(
@@ -318,21 +143,6 @@ def _tile_shape(shape) -> tuple[int, ...] | None:
             "(128, 128)"
         )
     return dims
-
-
-def _occupancy_lines(occ: dict | None) -> list[str]:
-    if occ is None:
-        return []
-    k, d = occ["kernel"], occ["data_parallel"]
-    return [
-        f"  occupancy built kernel {k.blocks} block(s)/SM resident ({k.active_warps}/"
-        f"{k.max_warps} warps, {k.limiter} limit); data-parallel kernel {d.blocks} "
-        f"({d.active_warps}/{d.max_warps} warps)"
-    ]
-
-
-def _slots(p: Plan) -> int | None:
-    return None if p.num_sms is None else p.num_sms * p.blocks_per_sm
 
 
 def workspace_slots(p: Plan) -> int:
@@ -556,58 +366,3 @@ def writeback_tile_shape(func: tirx.PrimFunc, site: StreamKSite) -> tuple[int, .
             return None
         shape.append(int(extent.value))
     return tuple(shape)
-
-
-def _stats_dict(s: PlanStats) -> dict[str, Any]:
-    d = dataclasses.asdict(s)
-    d["iterations_per_block"] = list(s.iterations_per_block)
-    d["segments_per_block"] = list(s.segments_per_block)
-    return d
-
-
-_ROW_NAMES = (
-    "grid (blocks)",
-    "waves",
-    "iterations per block",
-    "tiles per block",
-    "split tiles",
-    "blocks per split tile (max)",
-    "workspace bytes",
-    "zeroed bytes (prologue)",
-    "predicted time (units)",
-    "predicted speed-up",
-)
-
-
-def _column(s: PlanStats, speedup: float | None) -> tuple[str, ...]:
-    """The cells of one plan's column of the report, in the order of :data:`_ROW_NAMES`."""
-    return (
-        s.label,
-        str(s.grid),
-        _or_dash(s.waves),
-        _span(s.iterations_per_block),
-        _span(s.segments_per_block),
-        str(s.split_tiles),
-        str(s.max_peers) if s.split_tiles else "-",
-        _bytes(s.workspace_bytes),
-        _bytes(s.zeroed_bytes),
-        "-" if s.predicted_units is None else f"{s.predicted_units:.0f}",
-        "-" if speedup is None else f"{speedup:.2f}x",
-    )
-
-
-def _or_dash(value) -> str:
-    return "-" if value is None else str(value)
-
-
-def _span(pair: tuple[int, int]) -> str:
-    lo, hi = pair
-    return str(lo) if lo == hi else f"{lo} - {hi}"
-
-
-def _bytes(n: int | None) -> str:
-    return "-" if n is None else f"{n:,} B"
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
