@@ -1,0 +1,224 @@
+"""Build one GEMM kernel of the GPU pack: schedule, Stream-K decision, CUDA build, cubin.
+
+A kernel is a schedule source (the reference schedule or dlight's, fp32 SIMT or fp16 tensor
+cores) and a decomposition (data-parallel as scheduled, or a ``tvm_streamk.stream_k`` call).
+:func:`build` returns the exported library, the cubin ptxas made from the CUDA source, and the
+manifest record; nothing here runs a kernel.
+
+TVM 0.27 keeps CUDA source in the module (its codegen never compiles); a CUDA runtime loading
+the library compiles it through the ``tvm_callback_cuda_compile`` global. The GPU machine has no
+compiler, so the source is compiled here, for the target's arch, and ``run.py`` registers a
+callback that hands back this cubin by the source's SHA-256.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import tvm
+from tvm import relax
+
+import tvm_streamk
+from tvm_streamk import annotations as ann
+from tvm_streamk import cost_model, decomposition, resources, workloads
+from tvm_streamk._compat import Schedule, dlight, dlight_cuda_target
+from tvm_streamk.analysis import first_site
+
+TARGET = "nvidia/nvidia-h100"
+NUM_SMS = 132
+REFERENCE_TILE = {"bm": 64, "bn": 64, "bk": 16}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A schedule source and the ``stream_k`` keywords applied to it (None: data-parallel)."""
+
+    source: str
+    name: str
+    decision: dict | None = None
+    sanitize: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.source}-{self.name}"
+
+
+DP = {"reference": None, "dlight": None, "dlight_wmma": None}
+SIMT_DECISIONS = {
+    "heuristic": {"policy": "heuristic"},
+    "stream_k-atomic": {"policy": "stream_k", "fixup": "atomic"},
+    "stream_k-workspace": {"policy": "stream_k", "fixup": "workspace"},
+    "hybrid": {"policy": "hybrid"},
+    # One block per SM: with the occupancy grid a small shape's tiles fit one wave and the
+    # hybrid is data-parallel; here its full waves are data-parallel and the rest Stream-K.
+    "hybrid-one_tile": {"policy": "hybrid", "variant": "one_tile", "blocks_per_sm": 1},
+    "split_k": {"policy": "split_k", "splits": 3},
+    "stream_k-device": {"policy": "stream_k", "num_sms": "device"},
+}
+# Tensor-core fragments take the aligned split only: heuristic (an S dividing the panels) or an
+# explicit split-K through the workspace.
+WMMA_DECISIONS = {
+    "heuristic": {"policy": "heuristic"},
+    "split_k": {"policy": "split_k", "splits": 2, "fixup": "workspace"},
+}
+# One kernel of each kind compute-sanitizer checks: both fix-ups, the hybrid, split-K, tensor
+# cores and the run-time grid.
+SANITIZED = {
+    ("reference", "stream_k-atomic"),
+    ("reference", "stream_k-workspace"),
+    ("reference", "hybrid-one_tile"),
+    ("reference", "split_k"),
+    ("reference", "stream_k-device"),
+    ("dlight_wmma", "split_k"),
+}
+
+
+def _variants(source: str, decisions: dict, sanitize: bool = False) -> list[Variant]:
+    out = [Variant(source, "data_parallel")]
+    for name, decision in decisions.items():
+        flagged = sanitize and (source, name) in SANITIZED
+        out.append(Variant(source, name, decision, flagged))
+    return out
+
+
+SUITES = {
+    # The sweep: the schedule a user gets from dlight, and what the heuristic makes of it.
+    "sweep": _variants("dlight", {"heuristic": SIMT_DECISIONS["heuristic"]}),
+    "focus": _variants("reference", SIMT_DECISIONS)
+    + _variants("dlight", SIMT_DECISIONS)
+    + _variants("dlight_wmma", WMMA_DECISIONS),
+    "tiny-reference": _variants("reference", SIMT_DECISIONS, sanitize=True),
+    "tiny-dlight": _variants("dlight", {"heuristic": SIMT_DECISIONS["heuristic"]}),
+    "tiny-wmma": _variants("dlight_wmma", {"split_k": WMMA_DECISIONS["split_k"]}, sanitize=True),
+}
+
+
+class PackBuildError(RuntimeError):
+    """A kernel of the pack could not be scheduled, built or compiled to a cubin."""
+
+
+def _dlight_matmul(m: int, n: int, k: int, dtype: str, target) -> tvm.tirx.PrimFunc:
+    """dlight's schedule of ``matmul(a[m, k], b[k, n])`` as a Relax model gets it."""
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((m, k), dtype))
+    b = relax.Var("b", relax.TensorType((k, n), dtype))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            c = bb.emit_output(relax.op.matmul(a, b))
+        bb.emit_func_output(c)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    # As the project's dlight rule sees sm_90a: the tensor-core schedule of sm_90.
+    with dlight_cuda_target(target):
+        mod = dlight.ApplyDefaultSchedule(dlight.gpu.Matmul(), dlight.gpu.Fallback())(mod)
+    (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    return func.with_attr("global_symbol", "main")
+
+
+def schedule(source: str, m: int, n: int, k: int, target) -> Schedule:
+    """A fresh data-parallel schedule of the GEMM from ``source``."""
+    if source == "reference":
+        return workloads.reference_schedule(workloads.gemm(m, n, k), **REFERENCE_TILE)
+    dtype = {"dlight": "float32", "dlight_wmma": "float16"}[source]
+    return Schedule(_dlight_matmul(m, n, k, dtype, target))
+
+
+def cubin(source: str, arch: str) -> bytes:
+    """ptxas's cubin of CUDA ``source`` for ``arch`` (``nvcc --cubin -O3``, as TVM's nvcc path)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cu, out = Path(tmp) / "kernel.cu", Path(tmp) / "kernel.cubin"
+        cu.write_text(source)
+        cmd = ["nvcc", "--cubin", "-O3", f"-arch={arch}", "-o", str(out), str(cu)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise PackBuildError(f"nvcc failed ({' '.join(cmd)}):\n{proc.stdout}{proc.stderr}")
+        return out.read_bytes()
+
+
+def _args(func: tvm.tirx.PrimFunc) -> list[dict]:
+    return [
+        {"name": buf.name, "shape": [int(s) for s in buf.shape], "dtype": str(buf.dtype)}
+        for buf in func.params
+    ]
+
+
+def _plan_record(p: decomposition.Plan) -> dict:
+    record = dataclasses.asdict(p)
+    record["label"] = p.label
+    return record
+
+
+def _fixup_of(sch: Schedule, block: str) -> str | None:
+    annotations = sch.get(sch.get_sblock(block)).annotations
+    if not ann.has_decision(annotations):
+        return None
+    return ann.decode(annotations, block).fixup
+
+
+def build(variant: Variant, m: int, n: int, k: int, target=TARGET, num_sms: int = NUM_SMS):
+    """``(library, cubin bytes, record)`` of one kernel, or None where the source does not apply.
+
+    The record holds what ``run.py`` needs to call the kernel without TVM's compiler (argument
+    order, shapes and dtypes, the output's index) and what the report compares it with (the
+    plan, and the cost model's predicted time in units of one tile's K-panel iteration).
+    """
+    target = tvm.target.Target(target)
+    sch = schedule(variant.source, m, n, k, target)
+    site = first_site(sch.mod["main"])
+    if site is None:
+        return None
+    block = site.block.name_hint
+    func = sch.mod["main"]
+    # The data-parallel kernel's resident blocks: the baseline's plan and predicted time.
+    _, dp_occupancy = resources.resident_blocks(sch.mod, target)
+    dp_plan = decomposition.plan(
+        site.tiles, site.panels, num_sms, max(1, dp_occupancy.blocks), "data_parallel"
+    )
+    fixup = None
+    if variant.decision is None:
+        p = dp_plan
+    else:
+        kwargs = {"num_sms": num_sms, **variant.decision}
+        p = tvm_streamk.stream_k(sch, block, target=target, **kwargs)
+        fixup = _fixup_of(sch, block)
+    runtime_grid = variant.decision is not None and variant.decision.get("num_sms") == "device"
+    lib = tvm.compile(sch.mod, target=target, tir_pipeline="tvm_streamk")
+    source = lib.mod.imports[0].inspect_source()
+    arch = str(target.attrs["arch"])
+    binary = cubin(source, arch)
+    if runtime_grid:
+        # Planned for one SM; predict for the GPU's count, as the run-time grid will be.
+        predicted_plan = decomposition.plan(
+            site.tiles, site.panels, num_sms, p.blocks_per_sm, "stream_k"
+        )
+    else:
+        predicted_plan = p
+    args = _args(func)
+    output = [a["name"] for a in args].index(site.writebacks[-1].output.name)
+    record = {
+        "name": f"{m}x{n}x{k}-{variant.label}",
+        "shape": {"m": m, "n": n, "k": k},
+        "dtypes": {"a": args[0]["dtype"], "b": args[1]["dtype"], "c": args[output]["dtype"]},
+        "acc_dtype": str(site.accumulator.dtype),
+        "schedule_source": variant.source,
+        "variant": variant.name,
+        "decision": {key: value for key, value in (variant.decision or {}).items()},
+        "fixup": fixup,
+        "runtime_grid": runtime_grid,
+        "plan": _plan_record(p),
+        "data_parallel_plan": _plan_record(dp_plan),
+        "predicted_units": cost_model.predicted_time(predicted_plan, fixup=fixup or "workspace"),
+        "predicted_dp_units": cost_model.predicted_time(dp_plan),
+        "target": str(target.attrs.get("tag", "") or TARGET),
+        "arch": arch,
+        "entry": "main",
+        "args": args,
+        "output_index": output,
+        "source_sha256": hashlib.sha256(source.encode()).hexdigest(),
+        "sanitize": variant.sanitize,
+    }
+    return lib, binary, record

@@ -1,0 +1,297 @@
+"""The GPU proof pack (``bench/gpu``) without a GPU.
+
+A small pack is built (``python="local"``: the runtime bundle is this interpreter's installed
+tvm/tvm_ffi without ``libtvm_compiler.so``) and checked: a complete manifest whose files exist,
+no compiler library, then ``run.py --dry-run`` in a clean interpreter (``-S``: no site-packages;
+``PYTHONPATH`` holds only numpy, which ``import tvm`` needs) that must import everything from
+the pack's runtime and walk every entry.
+
+This machine has no CUDA driver, and TVM's CUDA runtime library links against ``libcuda.so.1``.
+So the dry-run is run twice: with no driver it must say that it stopped before
+``tvm.runtime.load_module``; with a stub ``libcuda.so.1`` (every driver function the runtime
+imports, each returning CUDA_ERROR_NO_DEVICE, built here with gcc) it loads every library, which
+asks the pack for its cubin by the source's SHA-256, and looks up the entry function, stopping
+before the launch. Nothing here launches a kernel.
+
+The pack of the three ``tiny`` shapes took 51 s on 2 cores at load average 2.7 and 184 s at 6
+(most of it TVM's import of its tensor-core intrinsics, once per build process), so it is marked
+slow; the default run builds the two SIMT shapes (16-55 s).
+"""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy
+import pytest
+
+from bench.gpu import kernels, pack, report, shapes
+from bench.gpu import run as gpu_run
+from tvm_streamk import ptxas
+
+pytestmark = pytest.mark.skipif(not ptxas.available(), reason="nvcc is not on PATH")
+
+RECORD_FIELDS = {
+    "name", "file", "cubin", "shape", "dtypes", "acc_dtype", "schedule_source", "variant",
+    "decision", "fixup", "runtime_grid", "plan", "data_parallel_plan", "predicted_units",
+    "predicted_dp_units", "target", "arch", "entry", "args", "output_index", "source_sha256",
+    "sanitize", "shape_class", "suite", "build_seconds",
+}  # fmt: skip
+PLAN_FIELDS = {"label", "policy", "grid", "blocks_per_sm", "tiles", "panels", "reason"}
+SIMT_SHAPES = [s for s in shapes.tiny() if s.suite != "tiny-wmma"]
+
+
+def _build(tmp_path_factory, shape_set):
+    out = tmp_path_factory.mktemp("gpu-pack") / "pack"
+    manifest = pack.build_pack(out, shape_set, python="local", log=lambda *_: None)
+    return out, manifest
+
+
+@pytest.fixture(scope="module")
+def simt_pack(tmp_path_factory):
+    return _build(tmp_path_factory, SIMT_SHAPES)
+
+
+@pytest.fixture(scope="module")
+def tiny_pack(tmp_path_factory):
+    return _build(tmp_path_factory, "tiny")
+
+
+@pytest.fixture(scope="module")
+def stub_libcuda(tmp_path_factory):
+    """A ``libcuda.so.1`` defining the driver functions TVM's CUDA runtime imports."""
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        pytest.skip("no C compiler for the stub libcuda.so.1")
+    import tvm
+
+    runtime_cuda = Path(tvm.__file__).parent / "lib" / "libtvm_runtime_cuda.so"
+    nm = subprocess.run(
+        ["nm", "-D", "--undefined-only", str(runtime_cuda)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    symbols = sorted(
+        {
+            line.split()[-1].split("@")[0]
+            for line in nm.stdout.splitlines()
+            if line.split()
+            and line.split()[-1].startswith("cu")
+            and line.split()[-1][2:3].isupper()
+        }
+    )
+    assert "cuModuleLoadData" in symbols, symbols
+    folder = tmp_path_factory.mktemp("stub-libcuda")
+    source = folder / "libcuda.c"
+    # 100 is CUDA_ERROR_NO_DEVICE: any call into the driver fails as on a machine without a GPU.
+    source.write_text("".join(f"int {name}(void) {{ return 100; }}\n" for name in symbols))
+    subprocess.run(
+        [gcc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(folder / "libcuda.so.1"),
+         str(source)],
+        check=True,
+    )  # fmt: skip
+    return folder
+
+
+@pytest.fixture(scope="module")
+def numpy_only(tmp_path_factory):
+    """A folder holding only numpy (linked), for the clean interpreter's PYTHONPATH."""
+    folder = tmp_path_factory.mktemp("numpy-only")
+    site = Path(numpy.__file__).parent.parent
+    for name in ("numpy", "numpy.libs"):
+        if (site / name).exists():
+            (folder / name).symlink_to(site / name)
+    return folder
+
+
+def _clean_env(python_path: Path, ld_path: Path | None = None) -> dict:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(python_path), "HOME": os.environ["HOME"]}
+    if ld_path is not None:
+        env["LD_LIBRARY_PATH"] = str(ld_path)
+    return env
+
+
+def _clean_python() -> str:
+    return getattr(sys, "_base_executable", sys.executable)
+
+
+def _dry_run(pack_dir: Path, env: dict, tmp_path: Path) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / "dry-run.json"
+    proc = subprocess.run(
+        [_clean_python(), "-S", str(pack_dir / "run.py"), "--dry-run", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc, json.loads(out.read_text())
+
+
+def _check_manifest(pack_dir: Path, manifest: dict) -> None:
+    assert manifest["failed"] == [] and manifest["skipped"] == [], manifest["failed"]
+    assert manifest["kernels"], "the pack holds no kernel"
+    on_disk = json.loads((pack_dir / "manifest.json").read_text())
+    assert on_disk["kernels"] == manifest["kernels"]
+    for record in manifest["kernels"]:
+        missing = RECORD_FIELDS - set(record)
+        assert not missing, f"{record['name']} lacks {sorted(missing)}"
+        assert PLAN_FIELDS <= set(record["plan"]), record["plan"]
+        assert (pack_dir / record["file"]).is_file() and (pack_dir / record["cubin"]).is_file()
+        assert (pack_dir / record["cubin"]).read_bytes()[:4] == b"\x7fELF", record["cubin"]
+        assert math.isfinite(record["predicted_units"]) and record["predicted_units"] > 0
+        m, n, k = (record["shape"][x] for x in "mnk")
+        args = [a["shape"] for a in record["args"]]
+        assert args[0] == [m, k] and args[1] == [k, n] and args[record["output_index"]] == [m, n]
+    assert not list(pack_dir.rglob("libtvm_compiler.so")), "the compiler library was packed"
+    assert (pack_dir / "runtime" / "tvm" / "lib" / "libtvm_runtime_cuda.so").is_file()
+    assert pack.archive(pack_dir).stat().st_size <= pack.MAX_BYTES
+
+
+def _check_dry_run(manifest: dict, result: dict, pack_dir: Path, loaded: bool) -> None:
+    names = [k["name"] for k in manifest["kernels"]]
+    assert [r["name"] for r in result["dry_run"]] == names
+    assert all(r["loaded"] is loaded for r in result["dry_run"]), result["dry_run"]
+    assert result["runtime_only"] is True
+    assert Path(result["tvm"]).is_relative_to(pack_dir / "runtime"), result["tvm"]
+
+
+def test_simt_pack_manifest_is_complete(simt_pack):
+    pack_dir, manifest = simt_pack
+    _check_manifest(pack_dir, manifest)
+    variants = {(k["schedule_source"], k["variant"]) for k in manifest["kernels"]}
+    expected = {("reference", v.name) for v in kernels.SUITES["tiny-reference"]}
+    assert expected <= variants, expected - variants
+    assert {k["plan"]["policy"] for k in manifest["kernels"]} >= {
+        "data_parallel", "stream_k", "hybrid", "split_k"
+    }  # fmt: skip
+    sanitized = {k["variant"]: k["plan"] for k in manifest["kernels"] if k["sanitize"]}
+    assert len(sanitized) == 5, sorted(sanitized)
+    hybrid = sanitized["hybrid-one_tile"]
+    assert 0 < hybrid["sk_tiles"] < hybrid["tiles"], "the sanitized hybrid must be a real hybrid"
+    assert all(sanitized[v]["sk_tiles"] for v in ("stream_k-atomic", "stream_k-workspace"))
+
+
+def test_clean_interpreter_sees_no_venv(numpy_only, tmp_path):
+    code = "import importlib.util as u; print(u.find_spec('tvm'), u.find_spec('tvm_streamk'))"
+    proc = subprocess.run(
+        [_clean_python(), "-S", "-c", code],
+        capture_output=True,
+        text=True,
+        env=_clean_env(numpy_only),
+        cwd=tmp_path,
+        check=True,
+    )
+    assert proc.stdout.split() == ["None", "None"], proc.stdout
+
+
+def test_dry_run_loads_every_entry_with_a_stub_driver(
+    simt_pack, numpy_only, stub_libcuda, tmp_path
+):
+    pack_dir, manifest = simt_pack
+    proc, result = _dry_run(pack_dir, _clean_env(numpy_only, stub_libcuda), tmp_path)
+    assert f"dry-run walked {len(manifest['kernels'])} of {len(manifest['kernels'])}" in proc.stdout
+    assert result["cuda_runtime_error"] is None
+    _check_dry_run(manifest, result, pack_dir, loaded=True)
+
+
+def test_dry_run_without_a_driver_says_where_it_stopped(simt_pack, numpy_only, tmp_path):
+    pack_dir, manifest = simt_pack
+    proc, result = _dry_run(pack_dir, _clean_env(numpy_only), tmp_path)
+    assert "stopped every entry before tvm.runtime.load_module" in proc.stdout
+    assert "libcuda.so.1" in result["cuda_runtime_error"]
+    _check_dry_run(manifest, result, pack_dir, loaded=False)
+
+
+def test_dry_run_refuses_a_library_without_its_cubin(simt_pack, numpy_only, stub_libcuda, tmp_path):
+    pack_dir, manifest = simt_pack
+    broken = tmp_path / "pack"
+    shutil.copytree(pack_dir, broken, symlinks=True)
+    first = manifest["kernels"][0]
+    (broken / first["cubin"]).unlink()
+    proc = subprocess.run(
+        [_clean_python(), "-S", str(broken / "run.py"), "--dry-run", "--out", os.devnull],
+        capture_output=True,
+        text=True,
+        env=_clean_env(numpy_only, stub_libcuda),
+        cwd=tmp_path,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert f"{first['cubin']} is missing from the pack" in proc.stderr
+
+
+@pytest.mark.slow
+def test_tiny_pack(tiny_pack, numpy_only, stub_libcuda, tmp_path):
+    pack_dir, manifest = tiny_pack
+    _check_manifest(pack_dir, manifest)
+    assert {k["schedule_source"] for k in manifest["kernels"]} == {
+        "reference", "dlight", "dlight_wmma"
+    }  # fmt: skip
+    assert sum(k["sanitize"] for k in manifest["kernels"]) >= 6
+    _, result = _dry_run(pack_dir, _clean_env(numpy_only, stub_libcuda), tmp_path)
+    _check_dry_run(manifest, result, pack_dir, loaded=True)
+
+
+def test_sweep_shapes():
+    sweep = shapes.sweep()
+    assert len([s for s in sweep if s.suite in ("sweep", "focus")]) >= 300
+    assert {s.cls for s in sweep} >= {"random", "model-decode", "model-prefill", "long-k", "wave+1"}
+    assert shapes.sweep() == sweep, "the sweep must be reproducible (seeded)"
+    randoms = [s for s in sweep if s.cls == "random"]
+    assert all(shapes.LOW <= x <= shapes.HIGH for s in randoms for x in (s.m, s.n, s.k))
+    assert (128, 128, 65536) in {(s.m, s.n, s.k) for s in sweep}
+    assert all(s.suite in kernels.SUITES for s in sweep)
+    assert len(shapes.tiny()) == 3
+
+
+def _synthetic_results(manifest: dict) -> dict:
+    """Every kernel ok, Stream-K kernels 1.5x faster than data-parallel, cuBLAS 2x faster."""
+    kernels_ = []
+    for k in manifest["kernels"]:
+        ms = 2.0 if k["variant"] == "data_parallel" else 1.0 + 0.1 * k["plan"]["blocks_per_sm"]
+        kernels_.append(
+            {"name": k["name"], "status": "ok", "correct": True, "median_ms": ms, "cublas_ms": 0.5,
+             "max_err_rel": 1e-7}
+        )  # fmt: skip
+    sanitizer = [
+        {"tool": t, "kernels": ["x"], "status": "clean", "errors": 0} for t in ("memcheck",)
+    ]
+    return {"shapes": "custom", "device": {"name": "synthetic", "sms": 132}, "kernels": kernels_,
+            "sanitizer": sanitizer, "not_run": [], "elapsed_s": 1.0}  # fmt: skip
+
+
+def test_report_renders_synthetic_results(simt_pack, tmp_path):
+    _, manifest = simt_pack
+    results = _synthetic_results(manifest)
+    results_file, manifest_file = tmp_path / "results.json", tmp_path / "manifest.json"
+    results_file.write_text(json.dumps(results))
+    manifest_file.write_text(json.dumps(manifest))
+    out = tmp_path / "report.md"
+    args = ["--results", str(results_file), "--manifest", str(manifest_file), "--out", str(out)]
+    assert report.main([*args, "--calibrate"]) == 0
+    text = out.read_text()
+    headings = ["## Correctness", "## Speed-up over data-parallel", "## Fraction of cuBLAS"]
+    headings += ["## Predicted versus measured speed-up", "## Calibrated cost model"]
+    for heading in headings:
+        assert heading in text, heading
+    # 2 ms data-parallel against 1 + 0.1 * blocks_per_sm ms, and a quarter of cuBLAS's 0.5 ms
+    # at data-parallel.
+    (atomic,) = [k for k in manifest["kernels"] if k["variant"] == "stream_k-atomic"]
+    expected = f"{2.0 / (1.0 + 0.1 * atomic['plan']['blocks_per_sm']):.3g}"
+    row = next(line for line in text.splitlines() if "| reference | stream_k-atomic |" in line)
+    assert f"| {expected} |" in row, row
+    assert "| reference | data_parallel | focus | 1 | 0.25 |" in text
+
+
+def test_cubin_store_refuses_an_unknown_source(tmp_path):
+    store = gpu_run.CubinStore(tmp_path, [])
+    with pytest.raises(RuntimeError, match="no cubin in the pack for CUDA source"):
+        store('extern "C" __global__ void k() {}')
