@@ -64,6 +64,9 @@ class StreamKSite:
     # Fragment accumulators are stored to a shared buffer before the write-back: that staging
     # buffer is what the fix-ups merge (None for register accumulators, merged directly).
     stage: tirx.Buffer | None = None
+    # The panel loop and the serial loops perfectly nested in it that iterate further reduction
+    # axes (a convolution's rh, rw, rc): the K-panel loop is their fusion (see _panel_chain).
+    panel_chain: tuple[tirx.For, ...] = ()
 
     @property
     def merged(self) -> tirx.Buffer:
@@ -286,6 +289,7 @@ def analyze(func: tirx.PrimFunc, block_name: str) -> StreamKSite:
     loops = [s for s in path if isinstance(s, tirx.For)]
     band = _tile_band(path, block, loops, reduce_vars)
     panel = _panel_loop(block, loops[len(band) :], reduce_vars, spatial_values)
+    chain = _panel_chain(panel, loops[len(band) :], reduce_vars)
 
     scope = acc.scope()
     if scope not in REGISTER_SCOPES + FRAGMENT_SCOPES:
@@ -365,6 +369,7 @@ def analyze(func: tirx.PrimFunc, block_name: str) -> StreamKSite:
         writebacks=tuple(writebacks),
         has_init=block.init is not None,
         stage=stage,
+        panel_chain=chain,
     )
 
 
@@ -544,6 +549,31 @@ def _panel_loop(block, inner_loops, reduce_vars, spatial_values) -> tirx.For:
         f"no serial loop inside the tile band iterates the reduction of {block.name_hint!r}",
         "Split K into panels inside the blockIdx band (sch.split on the reduction loop).",
     )
+
+
+def _panel_chain(panel: tirx.For, inner_loops, reduce_vars) -> tuple[tirx.For, ...]:
+    """The panel loop and the loops of further reduction axes perfectly nested in it.
+
+    A loop joins while it is the whole body of the previous one, is serial, and iterates a
+    reduction axis none of the loops before it does; a loop over an axis already covered (the
+    inner part of a split K, the micro-kernel) ends the chain. One loop for a GEMM; ``rh, rw,
+    rc_0`` for a convolution whose reduction loops stay unfused, which Stream-K must split as
+    one ``rh * rw * rc_0`` panel loop, never over ``rh`` alone.
+    """
+
+    def axes(loop: tirx.For) -> set[int]:
+        return {i for i, v in enumerate(reduce_vars) if _uses_var(v, loop.loop_var)}
+
+    chain, covered = [panel], axes(panel)
+    position = next(i for i, loop in enumerate(inner_loops) if loop.same_as(panel))
+    for loop in inner_loops[position + 1 :]:
+        new = axes(loop) - covered
+        serial = loop.thread_binding is None and int(loop.kind) == int(tirx.ForKind.SERIAL)
+        if not chain[-1].body.same_as(loop) or not new or not serial:
+            break
+        chain.append(loop)
+        covered |= new
+    return tuple(chain)
 
 
 def _writeback(block: SBlock, acc: tirx.Buffer) -> WriteBack:

@@ -16,6 +16,7 @@ from .errors import StreamKError
 COND_RUNTIME_GRID = "num-sms"
 COND_GROUP = "group"
 COND_FRAGMENT_SPLIT = "fragment-aligned-split"
+COND_PANEL_CHAIN = "panel-loop"
 
 
 def check_runtime_grid(policy: str, fragment_accumulator: bool, where: str = "") -> None:
@@ -80,4 +81,23 @@ def check_fragment_plan(plan, fragment_accumulator: bool, where: str = "") -> No
         f"Fragments take only aligned splits: split_k with a split that divides the panel "
         f"count, one of {divisors}, or data_parallel (policy 'stream_k' or 'heuristic' picks "
         "one for you in tvm_streamk.stream_k).",
+    )
+
+
+def check_one_panel_loop(site, where: str = "") -> None:
+    """Refuse a reduction whose K-panels are several nested loops (``rh, rw, rc_0``).
+
+    Splitting the outermost alone would give Stream-K ``rh`` panels; the loops must be fused into
+    one panel loop first, which :func:`tvm_streamk.stream_k` does (a ``fuse`` in the trace).
+    """
+    if len(site.panel_chain) <= 1:
+        return
+    names = [loop.loop_var.name for loop in site.panel_chain]
+    on = f" of block {where!r}" if where else ""
+    raise StreamKError(
+        COND_PANEL_CHAIN,
+        f"the reduction{on} runs over the nested loops {names}, "
+        f"{' x '.join(str(int(loop.extent)) for loop in site.panel_chain)} panels",
+        f"Fuse them into one K-panel loop first (sch.fuse over {names}); "
+        "tvm_streamk.stream_k does so itself.",
     )

@@ -12,7 +12,12 @@ from ._compat import Schedule
 from .analysis import StreamKSite, analyze_block, sblock_rv
 from .decomposition import policy as policies
 from .errors import StreamKError
-from .legality import check_fragment_plan, check_group, check_runtime_grid
+from .legality import (
+    check_fragment_plan,
+    check_group,
+    check_one_panel_loop,
+    check_runtime_grid,
+)
 from .transform import fixup as fixups
 from .transform.fixup_atomic import atomic_dtype_error
 from .transform.lower_stream_k import check_fixup
@@ -167,6 +172,13 @@ def stream_k(
     target = _resolve_target(target)
     # Everything is checked before the schedule changes: a refused call leaves it as it was.
     site = _analyze(sch, block_rv)
+    # Several nested loops over reduction axes (rh, rw, rc_0) become one K-panel loop.
+    fuse = _panel_chain_rvs(sch, block_rv, site)
+    if fuse:
+        trial = sch.copy()
+        trial.fuse(*fuse)
+        site = _analyze(trial, block_rv)
+    check_one_panel_loop(site)
     if fixup == "auto":
         fixup = "workspace" if deterministic else _auto_fixup(site, target)
     check_fixup(site, fixup, target)
@@ -211,9 +223,10 @@ def stream_k(
             raise StreamKError("decomposition", str(err), "Fix the policy arguments.") from None
 
     def record(on: Schedule, chosen: decomposition.Plan, bps: int) -> None:
+        panel_rv = on.fuse(*fuse) if fuse else None
         if site.has_init and on.get(block_rv).init is not None:
             # The persistent kernel re-initialises the accumulator per segment, before its panels.
-            on.decompose_reduction(block_rv, _panel_loop_rv(on, block_rv, site))
+            on.decompose_reduction(block_rv, panel_rv or _panel_loop_rv(on, block_rv, site))
         decision = ann.Decision(
             policy=chosen.policy,
             variant=chosen.variant,
@@ -339,6 +352,18 @@ def _auto_fixup(site: StreamKSite, target) -> str:
 
 def _analyze(sch: Schedule, block_rv) -> StreamKSite:
     return analyze_block(sch.mod, sch.get(block_rv))
+
+
+def _panel_chain_rvs(sch: Schedule, block_rv, site: StreamKSite) -> list:
+    """The LoopRVs of the site's panel chain when it has more than one loop, else []."""
+    if len(site.panel_chain) <= 1:
+        return []
+    chain_vars = [loop.loop_var for loop in site.panel_chain]
+    return [
+        rv
+        for rv in sch.get_loops(block_rv)
+        if any(sch.get(rv).loop_var.same_as(v) for v in chain_vars)
+    ]
 
 
 def _panel_loop_rv(sch: Schedule, block_rv, site: StreamKSite):

@@ -67,7 +67,7 @@ class Plan:
     def __post_init__(self) -> None:
         _check_plan(self)
 
-    @property
+    @cached_property
     def scheme(self) -> Policy:
         """The registered :class:`~tvm_streamk.decomposition.policy.Policy` of this plan."""
         return registry.get(self.policy, self.variant)

@@ -243,7 +243,7 @@ def get(name: str, variant: str | None = None) -> Policy:
     DecompositionError
         When no such concrete policy or variant is registered.
     """
-    found = [p for p in concrete() if p.name == name]
+    found = [p for p in _POLICIES.values() if p.name == name]
     if not found:
         hint = "; resolve it with plan()" if name in _CHOOSERS else ""
         raise DecompositionError(f"policy must be one of {names()}, found {name!r}{hint}")

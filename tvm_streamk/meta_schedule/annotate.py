@@ -22,7 +22,12 @@ from .._compat import Schedule
 from ..analysis import StreamKSite, analyze_block, blocks_under, sblock_rv
 from ..decomposition import policy as policies
 from ..errors import StreamKError
-from ..legality import check_fragment_plan, check_group, check_runtime_grid
+from ..legality import (
+    check_fragment_plan,
+    check_group,
+    check_one_panel_loop,
+    check_runtime_grid,
+)
 from ..transform import fixup as fixups
 from ..transform.lower_stream_k import check_fixup, plan_for
 
@@ -219,6 +224,7 @@ def check_decision(site: StreamKSite, annotations, target) -> decomposition.Plan
             "Record a positive SM count (or DEVICE_SMS, TARGET_SMS) and a group >= 0.",
         )
     check_fixup(site, decision.fixup, target)
+    check_one_panel_loop(site, where)
     try:
         plan = plan_for(site, decision, target)
     except ValueError as err:

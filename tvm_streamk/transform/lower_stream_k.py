@@ -31,7 +31,12 @@ from .. import decomposition, gpus
 from .._compat import SBlock, SBlockRealize, dtype_of, structural_map
 from ..analysis import StreamKSite, analyze, blocks_under
 from ..errors import StreamKError
-from ..legality import check_fragment_plan, check_group, check_runtime_grid
+from ..legality import (
+    check_fragment_plan,
+    check_group,
+    check_one_panel_loop,
+    check_runtime_grid,
+)
 from . import device_sms
 from . import fixup as fixups
 from ._ir import (
@@ -115,6 +120,7 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
     """Rewrite the Stream-K decision recorded on ``block_name`` in ``func``."""
     site = analyze(func, block_name)
     decision = ann.decision_of(site.block.annotations, block_name)
+    check_one_panel_loop(site, block_name)
     plan = plan_for(site, decision, target)
     root_realize: SBlockRealize = func.body
     root = root_realize.block
