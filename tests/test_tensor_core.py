@@ -15,6 +15,7 @@ from tvm.s_tir import dlight as dl
 
 import tvm_streamk
 from tvm_streamk import annotations as ann
+from tvm_streamk import ptxas
 from tvm_streamk.analysis import analyze, blocks_under, first_site
 from tvm_streamk.errors import StreamKError
 
@@ -217,11 +218,12 @@ def test_metaschedule_tensorcore_sample_takes_the_aligned_split():
     assert plan.grid == site.tiles * splits
     text = next(iter(tvm_streamk.lower(sch, target).functions.values())).script()
     assert 'thread="blockIdx.z"' in text and "sk_workspace" in text and "sk_segment" not in text
-    try:
-        tvm.compile(baseline.mod, target=target)
-    except Exception as err:  # noqa: BLE001 - TVM reports build failures as assorted types
-        pytest.xfail(
-            "TVM 0.27 cannot build this MetaSchedule sample even without Stream-K "
-            f"({str(err).splitlines()[-1][:120]})"
-        )
-    tvm.compile(sch.mod, target=target, tir_pipeline="tvm_streamk")
+    # TVM 0.27's StorageRewrite breaks this build (tvm_streamk.pipeline.needs_safe_reuse); the
+    # project's pipelines, and TVM's default once tvm_streamk is imported, work around it.
+    assert tvm_streamk.pipeline.needs_safe_reuse(baseline.mod)
+    baseline_lib = tvm.compile(baseline.mod, target=target)
+    lib = tvm.compile(sch.mod, target=target, tir_pipeline="tvm_streamk")
+    if ptxas.available():
+        for built in (baseline_lib, lib):
+            report = ptxas.resources(built.mod.imports[0].inspect_source(), "sm_80")
+            assert report and all(k.spills == 0 for k in report.values()), report

@@ -13,7 +13,13 @@ from __future__ import annotations
 
 import tvm
 
-from ._compat import get_tir_pipeline, register_tir_pipeline, registered_tir_pipelines
+from ._compat import (
+    SBlock,
+    get_tir_pipeline,
+    register_tir_pipeline,
+    registered_tir_pipelines,
+    structural_walk,
+)
 from ._compat import target as as_target
 from .errors import StreamKError
 from .transform import LowerStreamK
@@ -22,6 +28,53 @@ from .transform.lower_stream_k import annotated_blocks
 
 NAME = "tvm_streamk"
 BASE = "s_tir"
+
+# TVM 0.27's StorageRewrite lets a shared-memory buffer reuse the allocation of one of another
+# dtype (the fp32 accumulator tile of a WMMA kernel reusing the fp16 operand tile) and rewrites
+# ``tvm_access_ptr(float32, C_shared.data, ...)`` to take the winning allocation itself, the
+# float16 buffer (StoragePlanRewriter::Mutate_(const CallNode*), tvm_access_ptr branch:
+# args[1] = se->alloc_var). LowerIntrin's LowerAccessPtr then refuses it: "tvm_access_ptr element
+# type must match the source buffer". With ``tirx.merge_static_smem`` StorageRewrite does not
+# reuse; MergeSharedMemoryAllocations plans shared memory alone (the same footprint when every
+# shared buffer is shared.dyn, as in MetaSchedule's cuda-tensorcore samples) and addresses each
+# buffer through a view of its own dtype.
+SAFE_REUSE_CONFIG = "tirx.merge_static_smem"
+
+
+def needs_safe_reuse(mod: tvm.IRModule) -> bool:
+    """Whether a function of ``mod`` allocates shared memory of two dtypes next to a WMMA
+    fragment (whose loads and stores take ``tvm_access_ptr``s of the shared buffers)."""
+    for func in mod.functions.values():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        shared, fragment = set(), []
+
+        def on_block(block, shared=shared, fragment=fragment):
+            for buf in block.alloc_buffers:
+                scope = buf.scope()
+                if scope in ("shared", "shared.dyn"):
+                    shared.add(str(buf.dtype))
+                elif scope.startswith("wmma."):
+                    fragment.append(scope)
+
+        structural_walk(func.body, (SBlock, on_block), order="pre")
+        if fragment and len(shared) > 1:
+            return True
+    return False
+
+
+def _with_safe_reuse(mod: tvm.IRModule, run):
+    """``run(mod)``, with StorageRewrite's reuse off where it would break the build."""
+    ctx = tvm.transform.PassContext.current()
+    if SAFE_REUSE_CONFIG in ctx.config or not needs_safe_reuse(mod):
+        return run(mod)
+    with tvm.transform.PassContext(
+        opt_level=ctx.opt_level,
+        required_pass=list(ctx.required_pass),
+        disabled_pass=list(ctx.disabled_pass),
+        config={**dict(ctx.config.items()), SAFE_REUSE_CONFIG: True},
+    ):
+        return run(mod)
 
 
 COND_PIPELINE = "pipeline"
@@ -35,7 +88,7 @@ def stream_k_pipeline():
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_streamk.pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return ResolveDeviceSMs()(base(LowerStreamK()(mod)))
+        return ResolveDeviceSMs()(_with_safe_reuse(LowerStreamK()(mod), base))
 
     return _pipeline, finalize_host, finalize_device
 
@@ -68,7 +121,7 @@ def _guarded(name: str, factory):
         @tvm.transform.module_pass(opt_level=0, name=f"tvm_streamk.guarded_{name}")
         def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
             refuse_unlowered(mod, name)
-            return base(mod)
+            return _with_safe_reuse(mod, base) if name in ("default", BASE) else base(mod)
 
         return _pipeline, finalize_host, finalize_device
 
