@@ -1,0 +1,107 @@
+"""Fuzz: whatever the primitive accepts builds (issue 10, item 1). Not yet a test: it crashes.
+
+Run ``python bench/fuzz_stream_k_knobs.py`` from the repository root. On PoCL the process
+segfaults after several accepted dlight 136x139x152 stream_k cases (each correct when run
+alone, see the closing note of 2026-12-01); once the cause is found this becomes a test.
+
+Every combination of ``stream_k``'s knobs, on random shapes and tilings of the reference and
+dlight schedules, is either refused by the primitive with a ``StreamKError`` or lowered to a
+kernel that PoCL compiles and runs correctly and (where nvcc is installed) ptxas compiles for
+sm_80. Hypothesis draws the combinations; the examples are derandomised so a failure replays.
+"""
+
+import numpy as np
+import tvm
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tvm_streamk
+from tests.test_schedule_sources import A100, _legalized_relax_matmul
+from tvm_streamk import pocl, ptxas, workloads
+from tvm_streamk._compat import Schedule, dlight
+from tvm_streamk.analysis import first_site
+from tvm_streamk.decomposition import policy as policies
+from tvm_streamk.errors import StreamKError
+
+SETTINGS = settings(
+    max_examples=24,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+
+@st.composite
+def knobs(draw):
+    policy = draw(st.sampled_from(policies.names()))
+    out = {
+        "policy": policy,
+        # The run-time grid is stream_k's alone: draw it for a quarter of the cases.
+        "num_sms": draw(
+            st.one_of(st.integers(1, 7), st.integers(1, 7), st.integers(1, 7), st.just("device"))
+        ),
+        "blocks_per_sm": draw(st.integers(1, 3)),
+        "fixup": draw(st.sampled_from(["auto", "atomic", "workspace"])),
+        "deterministic": draw(st.sampled_from([False, False, False, True])),
+        "group": draw(st.one_of(st.none(), st.integers(1, 4))),
+    }
+    if policy == "split_k":
+        out["splits"] = draw(st.integers(1, 6))
+    if policy == "hybrid":
+        out["variant"] = draw(st.sampled_from(policies.variants("hybrid")))
+    return out
+
+
+@st.composite
+def schedules(draw):
+    k = draw(st.integers(1, 200))
+    if draw(st.booleans()):
+        m, n = draw(st.integers(1, 160)), draw(st.integers(1, 160))
+        tm, tn = draw(st.sampled_from([2, 4])), draw(st.sampled_from([2, 4]))
+        bm, bn = tm * draw(st.sampled_from([4, 8])), tn * draw(st.sampled_from([4, 8]))
+        bk = draw(st.sampled_from([4, 8, 16]))
+        sch = workloads.reference_schedule(
+            workloads.gemm(m, n, k), bm=bm, bn=bn, bk=bk, tm=tm, tn=tn
+        )
+        return f"reference {m}x{n}x{k} {bm}x{bn}x{bk}", sch, "C_update"
+    # dlight hands matmuls this small or smaller to other rules.
+    m, n = draw(st.integers(24, 200)), draw(st.integers(24, 200))
+    with A100:
+        mod = dlight.ApplyDefaultSchedule(dlight.gpu.Matmul())(_legalized_relax_matmul(m, n, k))
+    (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    sch = Schedule(func.with_attr("global_symbol", "main"))
+    site = first_site(sch.mod["main"])
+    if site is None:
+        return f"dlight {m}x{n}x{k} (no site)", None, None
+    return f"dlight {m}x{n}x{k}", sch, site.block.name_hint
+
+
+def _matmul_reference(args):
+    return np.asarray(args[0], np.float64) @ np.asarray(args[1], np.float64)
+
+
+@SETTINGS
+@given(schedules(), knobs())
+def test_every_accepted_knob_combination_builds_and_runs(case, decision):
+    what, sch, block = case
+    if sch is None:
+        return
+    try:
+        tvm_streamk.stream_k(sch, block, target=A100, **decision)
+    except StreamKError:
+        return  # refused, with its reason: allowed
+    print("case", what, decision, flush=True)
+    args = workloads.random_args(sch.mod["main"])
+    assert np.isnan(args[-1]).all()
+    out = pocl.run(sch.mod, *args, pipeline="tvm_streamk")[-1]
+    ref = _matmul_reference(args)
+    assert workloads.relative_error(out, ref) <= 1e-5, (what, decision)
+    if ptxas.available():
+        lib = tvm.compile(sch.mod, target=A100, tir_pipeline="tvm_streamk")
+        report = ptxas.resources(lib.mod.imports[0].inspect_source(), "sm_80")
+        assert report, (what, decision)
+
+
+if __name__ == "__main__":
+    test_every_accepted_knob_combination_builds_and_runs()
+    print("every accepted combination built and ran")
