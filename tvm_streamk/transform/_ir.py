@@ -241,17 +241,26 @@ def cast_to(dtype: str, value):
     return value if dtype_of(value) == dtype else tirx.Cast(dtype, value)
 
 
-def coordinates(band: tuple[tirx.For, ...], tile, group: int | None) -> list[tirx.Bind]:
-    """``Bind`` statements that define the band's loop variables from a linear tile index.
+def coordinates(band: tuple[tirx.For, ...], tile, group: int | None) -> list[tirx.Stmt]:
+    """Statements that define the band's loop variables from a linear tile index.
 
     Coordinates are below the band's extents, so they narrow to the loops' own type exactly.
+    The grouped order divides by the height of the last, shorter group (a ``min``), which
+    ``CompactBufferAllocation`` cannot bound: the tile's shared and register buffers came out
+    the size of the whole matrix (30720 floats per work-item for a dlight schedule, which
+    overflowed PoCL's stack). Its coordinates are read back through :func:`opaque_bind`,
+    clamped to the band, which the compaction bounds by the loop extents.
     """
     extents = tuple(int(loop.extent) for loop in band)
     coords = decomposition.tile_order(tile, extents, group=group, ops=TIR_OPS)
-    return [
-        tirx.Bind(loop.loop_var, cast_to(dtype_of(loop.loop_var), c))
-        for loop, c in zip(band, coords, strict=True)
-    ]
+    stmts: list[tirx.Stmt] = []
+    for loop, c, extent in zip(band, coords, extents, strict=True):
+        dtype = dtype_of(loop.loop_var)
+        if group:
+            c, defining = opaque_bind(f"{loop.loop_var.name}_sk", c, dtype, 0, extent - 1)
+            stmts += defining
+        stmts.append(tirx.Bind(loop.loop_var, cast_to(dtype, c)))
+    return stmts
 
 
 def prune_to(stmt, names: set[str], rewrite_realize):
