@@ -1,13 +1,9 @@
-"""Fuzz: whatever the primitive accepts builds (issue 10, item 1). Not yet a test: it crashes.
+"""Fuzz: whatever the primitive accepts builds (issue 10, item 1). Not yet a test: it fails.
 
-Run ``python bench/fuzz_stream_k_knobs.py`` from the repository root. On PoCL the process
-segfaults after several accepted dlight 136x139x152 stream_k cases (each correct when run
-alone, see the closing note of 2026-12-01); once the cause is found this becomes a test.
-
-Every combination of ``stream_k``'s knobs, on random shapes and tilings of the reference and
-dlight schedules, is either refused by the primitive with a ``StreamKError`` or lowered to a
-kernel that PoCL compiles and runs correctly and (where nvcc is installed) ptxas compiles for
-sm_80. Hypothesis draws the combinations; the examples are derandomised so a failure replays.
+Run ``python bench/fuzz_stream_k_knobs.py`` from the repository root. It found the grouped tile
+order's matrix-sized buffers (a PoCL segfault; fixed in 40468b4) and still finds one failure:
+dlight's schedule with ``num_sms="device"`` and the atomic fix-up emits OpenCL that PoCL does
+not compile (``expected ')'``), with or without ``group``. Once that is fixed this becomes a test.
 """
 
 import numpy as np
