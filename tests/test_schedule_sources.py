@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from tvm import relax
 from tvm.s_tir import Schedule
 from tvm.s_tir import dlight as dl
 from tvm.s_tir import meta_schedule as ms
@@ -69,14 +68,7 @@ def _run(sch: Schedule, func: tvm.tirx.PrimFunc) -> float:
 
 
 def _legalized_relax_matmul(M: int, N: int, K: int, dtype: str = "float32") -> tvm.IRModule:
-    bb = relax.BlockBuilder()
-    a = relax.Var("a", relax.TensorType((M, K), dtype))
-    b = relax.Var("b", relax.TensorType((K, N), dtype))
-    with bb.function("main", [a, b]):
-        with bb.dataflow():
-            c = bb.emit_output(relax.op.matmul(a, b))
-        bb.emit_func_output(c)
-    return relax.transform.LegalizeOps()(bb.get())
+    return workloads.relax_matmul(M, N, K, dtype)
 
 
 A100 = tvm.target.Target("nvidia/nvidia-a100")

@@ -194,6 +194,12 @@ def target_tag(target: tvm.target.Target) -> str | None:
     return str(found[0]) if len(found) == 1 else None
 
 
+def target_arch(target: tvm.target.Target | None) -> str | None:
+    """The ``arch`` attribute of a target (``"sm_90a"``), or None when it has none."""
+    attrs = None if target is None else target.attrs
+    return str(attrs["arch"]) if attrs is not None and "arch" in attrs else None
+
+
 def dlight_cuda_target(target: tvm.target.Target) -> tvm.target.Target:
     """``target`` as dlight's ``gpu.Matmul`` should see it.
 
@@ -202,9 +208,9 @@ def dlight_cuda_target(target: tvm.target.Target) -> tvm.target.Target:
     schedule. The same target with the arch-specific suffix dropped (``sm_90``) gets it; the
     schedule is built for the original target.
     """
-    if target.kind.name != "cuda" or target.attrs is None or "arch" not in target.attrs:
+    arch = target_arch(target)
+    if target.kind.name != "cuda" or arch is None:
         return target
-    arch = str(target.attrs["arch"])
     base = arch.rstrip("af")
     if base == arch or not base.replace("sm_", "").isdigit():
         return target

@@ -17,6 +17,7 @@ from ._compat import SBlock, structural_map
 from .decomposition import policy as policies
 from .errors import StreamKError
 from .transform import fixup as fixups
+from .transform._ir import replace_block
 
 PREFIX = "tvm_streamk."
 KEY_POLICY = PREFIX + "policy"
@@ -72,19 +73,9 @@ def without_decisions(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with every Stream-K decision removed: the data-parallel kernels as scheduled."""
 
     def strip(block: SBlock) -> SBlock:
-        if not has_decision(block.annotations):
+        if not any(key.startswith(PREFIX) for key in block.annotations):
             return block
-        return SBlock(
-            iter_vars=block.iter_vars,
-            reads=block.reads,
-            writes=block.writes,
-            name_hint=block.name_hint,
-            body=block.body,
-            init=block.init,
-            alloc_buffers=block.alloc_buffers,
-            match_buffers=block.match_buffers,
-            annotations=stripped(block.annotations),
-        )
+        return replace_block(block, annotations=stripped(block.annotations))
 
     out = {}
     for gv, func in mod.functions.items():

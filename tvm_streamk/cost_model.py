@@ -160,7 +160,8 @@ def _value(t: _Time, c: _Time) -> float:
     return t[0] * c[0] + t[1] * c[1] + t[2] * c[2] + t[3] * c[3]
 
 
-def _slots(p: Plan, num_sms: int | None, blocks_per_sm: int | None) -> int:
+def _resident(p: Plan, num_sms: int | None, blocks_per_sm: int | None) -> tuple[int, int]:
+    """``(num_sms, blocks_per_sm)`` to model ``p`` with: the arguments, else the plan's."""
     num_sms = p.num_sms if num_sms is None else num_sms
     blocks_per_sm = p.blocks_per_sm if blocks_per_sm is None else blocks_per_sm
     if num_sms is None:
@@ -171,7 +172,7 @@ def _slots(p: Plan, num_sms: int | None, blocks_per_sm: int | None) -> int:
     for name, value in (("num_sms", num_sms), ("blocks_per_sm", blocks_per_sm)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise CostModelError(f"{name} must be a positive int, found {value!r}")
-    return num_sms * blocks_per_sm
+    return num_sms, blocks_per_sm
 
 
 def _check_fixup(fixup: str) -> None:
@@ -298,10 +299,9 @@ def critical_features(
     -------
     tuple of float
     """
-    slots = _slots(p, num_sms, blocks_per_sm)
-    bps = p.blocks_per_sm if blocks_per_sm is None else blocks_per_sm
-    shares = _shares(p, slots // bps, bps, saturation)
-    return _simulate(p, slots, cost, fixup, shares)
+    num_sms, blocks_per_sm = _resident(p, num_sms, blocks_per_sm)
+    shares = _shares(p, num_sms, blocks_per_sm, saturation)
+    return _simulate(p, num_sms * blocks_per_sm, cost, fixup, shares)
 
 
 def predicted_time(

@@ -167,10 +167,9 @@ def num_sms_for_target(
         from .pocl import compute_units
 
         return compute_units()
-    from ._compat import target_tag
+    from ._compat import target_arch, target_tag
 
-    attrs = target.attrs
-    arch = str(attrs["arch"]) if attrs is not None and "arch" in attrs else None
+    arch = target_arch(target)
     try:
         return resolve_num_sms(None, tag=tag or target_tag(target), arch=arch)
     except UnknownGPUError as err:

@@ -15,7 +15,13 @@ import tvm
 from tvm import tirx
 
 from . import occupancy, ptxas
-from ._compat import get_tir_pipeline, split_host_device_mods, structural_walk
+from ._compat import (
+    codegen_source,
+    get_tir_pipeline,
+    split_host_device_mods,
+    structural_walk,
+    target_arch,
+)
 
 __all__ = ["KernelUse", "kernel_uses", "resident_blocks"]
 
@@ -46,10 +52,10 @@ class KernelUse:
 
 
 def _arch(target: tvm.target.Target) -> str:
-    attrs = target.attrs
-    if target.kind.name != "cuda" or attrs is None or "arch" not in attrs:
+    arch = target_arch(target)
+    if target.kind.name != "cuda" or arch is None:
         raise ValueError(f"a CUDA target with an arch is needed, found {target}")
-    return str(attrs["arch"])
+    return arch
 
 
 def _threads(func: tirx.PrimFunc) -> int:
@@ -96,15 +102,18 @@ def kernel_uses(
             for gv, f in mod.functions.items()
         }
     )
-    pipeline_pass, _, _ = get_tir_pipeline(pipeline)
+    # The pipeline runs once: its device functions give threads and dynamic shared memory, and
+    # their CUDA source (as tvm.tirx.build generates it) ptxas's registers.
+    pipeline_pass, _, finalize_device = get_tir_pipeline(pipeline)
     lowered = pipeline_pass(tirx.transform.BindTarget(target.with_host("llvm"))(mod))
     _, device_mods = split_host_device_mods(lowered)
     kernels: dict[str, tirx.PrimFunc] = {}
-    for device_mod in device_mods.values():
+    report: dict[str, ptxas.KernelResources] = {}
+    for device_target, device_mod in device_mods.items():
         for gv, func in device_mod.functions.items():
             kernels[str(func.attrs.get("global_symbol", gv.name_hint))] = func
-    built = tvm.compile(mod, target=target, tir_pipeline=pipeline)
-    report = ptxas.resources(built.mod.imports[0].inspect_source(), arch)
+        source = codegen_source(finalize_device()(device_mod), device_target)
+        report.update(ptxas.resources(source, arch))
     uses = {}
     for name, func in kernels.items():
         found = report[name]

@@ -8,7 +8,7 @@ import tvm
 
 from . import annotations as ann
 from . import cost_model, decomposition, gpus, occupancy, ptxas, resources
-from ._compat import Schedule
+from ._compat import Schedule, target_arch
 from .analysis import StreamKSite, analyze_block, sblock_rv
 from .decomposition import policy as policies
 from .errors import StreamKError
@@ -265,7 +265,7 @@ def _no_occupancy(target: tvm.target.Target | None) -> str | None:
         return "no target to count resident blocks for"
     if target.kind.name != "cuda":
         return f"one block per compute unit on {target.kind.name}"
-    arch = str(target.attrs["arch"]) if target.attrs and "arch" in target.attrs else ""
+    arch = target_arch(target) or ""
     try:
         occupancy.arch_limits(arch)
     except KeyError:

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tvm
-from tvm import relax
 
 import tvm_streamk
 from tvm_streamk import annotations as ann
@@ -104,14 +103,7 @@ class PackBuildError(RuntimeError):
 
 def _dlight_matmul(m: int, n: int, k: int, dtype: str, target) -> tvm.tirx.PrimFunc:
     """dlight's schedule of ``matmul(a[m, k], b[k, n])`` as a Relax model gets it."""
-    bb = relax.BlockBuilder()
-    a = relax.Var("a", relax.TensorType((m, k), dtype))
-    b = relax.Var("b", relax.TensorType((k, n), dtype))
-    with bb.function("main", [a, b]):
-        with bb.dataflow():
-            c = bb.emit_output(relax.op.matmul(a, b))
-        bb.emit_func_output(c)
-    mod = relax.transform.LegalizeOps()(bb.get())
+    mod = workloads.relax_matmul(m, n, k, dtype)
     # As the project's dlight rule sees sm_90a: the tensor-core schedule of sm_90.
     with dlight_cuda_target(target):
         mod = dlight.ApplyDefaultSchedule(dlight.gpu.Matmul(), dlight.gpu.Fallback())(mod)

@@ -16,7 +16,7 @@ from typing import Any
 
 from .ops import INT_OPS, DecompositionError, Ops, even_block, even_range, is_static
 from .policy import Policy, register
-from .stream_k import region_peer_block, region_peer_index, region_peers
+from .stream_k import region_bound, region_peer_block, region_peer_index, region_peers
 
 
 class Hybrid(Policy):
@@ -88,7 +88,7 @@ class Hybrid(Policy):
         return region_peer_block(tile, peer, n, p.panels, g, ops)
 
     def largest_intermediate(self, p, g):
-        return (g + 1) * (p.iterations + p.panels + 1)
+        return region_bound(p, g)
 
     def counter_tiles(self, p):
         # Its data-parallel tiles are always whole.

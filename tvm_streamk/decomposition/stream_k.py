@@ -43,6 +43,13 @@ def region_peer_block(tile: Any, peer: Any, n: Any, panels: int, g: Any, ops: Op
     return ops.select(ops.ge(n, g), first + peer, even_block(tile * panels + peer, n, g, ops))
 
 
+def region_bound(p, g: int) -> int:
+    """The largest intermediate of the Stream-K region's closed forms: the even split multiplies
+    a block by the iteration count (``b * TOTAL``), the block of an iteration multiplies it by
+    the grid (``(it + 1) * G``)."""
+    return (g + 1) * (p.iterations + p.panels + 1)
+
+
 @register
 class StreamK(Policy):
     name = "stream_k"
@@ -83,9 +90,7 @@ class StreamK(Policy):
         return region_peer_block(tile, peer, p.iterations, p.panels, g, ops)
 
     def largest_intermediate(self, p, g):
-        # The even split multiplies a block by the iteration count (b * TOTAL), the block of an
-        # iteration multiplies it by the grid ((it + 1) * G).
-        return (g + 1) * (p.iterations + p.panels + 1)
+        return region_bound(p, g)
 
     def candidates(self, tiles, panels, slots):
         return [{}]

@@ -19,7 +19,7 @@ from tvm.s_tir.schedule import ExprRV
 from .. import annotations as ann
 from .. import decomposition
 from .._compat import Schedule
-from ..analysis import StreamKSite, analyze_block, blocks_under, sblock_rv
+from ..analysis import StreamKSite, analyze_block, sblock_rv
 from ..decomposition import policy as policies
 from ..errors import StreamKError
 from ..legality import (
@@ -248,14 +248,4 @@ def without_stream_k(mod: tvm.IRModule) -> tvm.IRModule:
     >>> has_stream_k(without_stream_k(sch.mod))
     False
     """
-    sch = Schedule(mod)
-    for gv, func in mod.functions.items():
-        if not isinstance(func, tirx.PrimFunc):
-            continue
-        for block in blocks_under(func.body):
-            keys = [k for k in ann.KEYS if k in block.annotations]
-            if keys:
-                block_rv = sch.get_sblock(block.name_hint, func_name=gv.name_hint)
-                for key in keys:
-                    sch.unannotate(block_rv, key)
-    return sch.mod
+    return ann.without_decisions(mod)

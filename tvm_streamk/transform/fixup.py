@@ -103,6 +103,8 @@ class Fixup:
 
 
 _FIXUPS: dict[str, type[Fixup]] = {}
+# Set once the built-in fix-ups have been imported (and so registered).
+_builtins_loaded = False
 
 
 def register(cls: type[Fixup]) -> type[Fixup]:
@@ -120,8 +122,11 @@ def register(cls: type[Fixup]) -> type[Fixup]:
 
 
 def _load_builtins() -> None:
-    for module in _BUILTIN:
-        importlib.import_module(f"{__package__}.{module}")
+    global _builtins_loaded
+    if not _builtins_loaded:
+        for module in _BUILTIN:
+            importlib.import_module(f"{__package__}.{module}")
+        _builtins_loaded = True
 
 
 def names() -> tuple[str, ...]:

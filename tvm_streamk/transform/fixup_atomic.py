@@ -15,7 +15,7 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
-from .._compat import SBlock, SBlockRealize, dtype_of
+from .._compat import SBlock, SBlockRealize, dtype_of, target_arch
 from ..analysis import COND_ATOMIC, COND_EPILOGUE, StreamKSite
 from ..errors import StreamKError
 from . import fixup
@@ -39,7 +39,7 @@ OPENCL_ATOMIC_DTYPES = ("int32", "float32")
 
 
 def _cuda_arch(target: tvm.target.Target) -> int | None:
-    arch = str(target.attrs.get("arch", "")) if target.attrs is not None else ""
+    arch = target_arch(target) or ""
     digits = "".join(ch for ch in arch.removeprefix("sm_") if ch.isdigit())
     return int(digits[:2] if len(digits) >= 2 else digits) if digits else None
 

@@ -3,12 +3,14 @@ and the random inputs and float64 references numeric checks use.
 
 ``builders`` holds :func:`gemm`, :func:`batched_gemm` and :func:`gemv`; ``schedules`` the
 :func:`reference_schedule`; ``references`` :func:`random_args`, :func:`reference` and
-:func:`relative_error`; ``errors`` :class:`WorkloadError`.
+:func:`relative_error`; ``relax_models`` :func:`relax_matmul`; ``errors``
+:class:`WorkloadError`.
 """
 
 from .builders import EPILOGUES, IN_DTYPES, LAYOUTS, batched_gemm, gemm, gemv
 from .errors import WorkloadError
 from .references import random_args, reference, relative_error
+from .relax_models import relax_matmul
 from .schedules import reference_schedule
 
 __all__ = [
@@ -23,4 +25,5 @@ __all__ = [
     "reference",
     "reference_schedule",
     "relative_error",
+    "relax_matmul",
 ]
