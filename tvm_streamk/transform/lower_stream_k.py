@@ -152,7 +152,7 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
         main = _persistent_nest(site, plan, decision, fixup, strip, tile_body, device_grid)
     nests = [fixup.prologue(), main]
     if device_grid is not None:
-        nests = [_bind_runtime_grid(device_grid, plan, decision, seq(nests))]
+        nests = [_bind_runtime_grid(device_grid, plan, decision, seq(nests), target)]
     band_var = site.band[0].loop_var
 
     def swap_band(loop: tirx.For):
@@ -168,16 +168,25 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
     return func.with_body(SBlockRealize(root_realize.iter_values, root_realize.predicate, new_root))
 
 
-def _bind_runtime_grid(grid: tirx.Var, plan, decision, body: tirx.Stmt) -> tirx.Stmt:
+def _bind_runtime_grid(grid: tirx.Var, plan, decision, body: tirx.Stmt, target) -> tirx.Stmt:
     """``body`` with ``grid`` read from the device: one block per resident slot, never more
     than the plan's run-time bound.
 
     The host binds the count and launches that many blocks. Each kernel reads it back through
     :func:`~._ir.opaque_bind` rather than using the host's variable, whose value is a call the
     region analysis cannot bound (every per-block buffer would be sized for the whole matrix).
+
+    For OpenCL the divisions by the count truncate. ``LowerIntrin`` lowers a floor division by
+    a value it cannot sign into a ``Select`` over let-bound temporaries, and TVM 0.27's OpenCL
+    printer writes those temporaries inside a ``vstore`` address, which does not compile (the
+    dlight schedule's vectorised zeroing for the atomic fix-up; tests/test_knob_fuzz.py). The
+    closed forms divide non-negative values by this positive count, where the two divisions
+    agree. CUDA keeps the floor division: the truncating one cost the sm_80 workspace kernel
+    a register it then spilled (4 to 56 bytes).
     """
     dtype = dtype_of(grid)
     slots = cast_to(dtype, device_sms.placeholder() * decision.blocks_per_sm)
+    truncate = target is not None and target.kind.name == "opencl"
 
     def kernel(loop: tirx.For):
         if loop.kind != tirx.ForKind.THREAD_BINDING or not loop.extent.same_as(grid):
@@ -186,10 +195,24 @@ def _bind_runtime_grid(grid: tirx.Var, plan, decision, body: tirx.Stmt) -> tirx.
         kernel_body = structural_map(
             loop.body, (tirx.Var, lambda v: inner if v.same_as(grid) else v)
         )
+        if truncate:
+            kernel_body = _truncating_divisions_by(inner, kernel_body)
         return with_body(loop, seq([*binds, kernel_body]))
 
     bound = int_imm(plan.runtime_grid_bound(), dtype)
     return seq([tirx.Bind(grid, tirx.min(slots, bound)), structural_map(body, (tirx.For, kernel))])
+
+
+def _truncating_divisions_by(divisor: tirx.Var, body: tirx.Stmt) -> tirx.Stmt:
+    """``body`` with every floor division and modulo by ``divisor`` truncating instead."""
+
+    def div(e):
+        return tirx.truncdiv(e.a, e.b) if e.b.same_as(divisor) else e
+
+    def mod(e):
+        return tirx.truncmod(e.a, e.b) if e.b.same_as(divisor) else e
+
+    return structural_map(body, [(tirx.FloorDiv, div), (tirx.FloorMod, mod)])
 
 
 def _persistent_nest(site, plan, decision, fixup, strip, tile_body, device_grid=None) -> tirx.Stmt:

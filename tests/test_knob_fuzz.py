@@ -1,10 +1,14 @@
-"""Fuzz: whatever the primitive accepts builds (issue 10, item 1). Not yet a test: it fails.
+"""Whatever ``stream_k`` accepts builds and runs (issue 10, item 1).
 
-Run ``python bench/fuzz_stream_k_knobs.py`` from the repository root. It found the grouped tile
-order's matrix-sized buffers (a PoCL segfault; fixed in 40468b4) and still finds one failure:
-dlight's schedule with ``num_sms="device"`` and the atomic fix-up emits OpenCL that PoCL does
-not compile (``expected ')'``), with or without ``group``. Once that is fixed this becomes a test.
+Hypothesis draws knob combinations (policy, grid, occupancy, fix-up, determinism, tile order)
+on random reference and dlight schedules. Every combination the primitive accepts must run
+correctly on PoCL and, where nvcc is installed, build for sm_80; a refusal (with its reason) is
+allowed. It found the grouped order's matrix-sized buffers (40468b4) and the OpenCL that did not
+compile for a division by the run-time grid inside a ``vstore`` address.
+``TVM_STREAMK_FUZZ_EXAMPLES`` draws more cases than the default suite's 24.
 """
+
+import os
 
 import numpy as np
 import tvm
@@ -12,15 +16,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tvm_streamk
-from tests.test_schedule_sources import A100, _legalized_relax_matmul
 from tvm_streamk import pocl, ptxas, workloads
 from tvm_streamk._compat import Schedule, dlight
 from tvm_streamk.analysis import first_site
 from tvm_streamk.decomposition import policy as policies
 from tvm_streamk.errors import StreamKError
 
+from .test_schedule_sources import A100
+
 SETTINGS = settings(
-    max_examples=24,
+    max_examples=int(os.environ.get("TVM_STREAMK_FUZZ_EXAMPLES", "24")),
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
@@ -61,9 +66,12 @@ def schedules(draw):
         )
         return f"reference {m}x{n}x{k} {bm}x{bn}x{bk}", sch, "C_update"
     # dlight hands matmuls this small or smaller to other rules.
-    m, n = draw(st.integers(24, 200)), draw(st.integers(24, 200))
+    return _dlight_case(draw(st.integers(24, 200)), draw(st.integers(24, 200)), k)
+
+
+def _dlight_case(m: int, n: int, k: int):
     with A100:
-        mod = dlight.ApplyDefaultSchedule(dlight.gpu.Matmul())(_legalized_relax_matmul(m, n, k))
+        mod = dlight.ApplyDefaultSchedule(dlight.gpu.Matmul())(workloads.relax_matmul(m, n, k))
     (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
     sch = Schedule(func.with_attr("global_symbol", "main"))
     site = first_site(sch.mod["main"])
@@ -79,6 +87,17 @@ def _matmul_reference(args):
 @SETTINGS
 @given(schedules(), knobs())
 def test_every_accepted_knob_combination_builds_and_runs(case, decision):
+    _builds_and_runs(case, decision)
+
+
+def test_dlight_run_time_grid_atomic_fixup_compiles_for_opencl():
+    # The fuzz's find: the zeroing's vstore address divided by the run-time grid, and TVM's
+    # OpenCL printer put the floor division's let-bound temporaries inside the call.
+    decision = {"policy": "stream_k", "num_sms": "device", "fixup": "atomic"}
+    _builds_and_runs(_dlight_case(57, 44, 127), decision)
+
+
+def _builds_and_runs(case, decision):
     what, sch, block = case
     if sch is None:
         return
@@ -86,7 +105,6 @@ def test_every_accepted_knob_combination_builds_and_runs(case, decision):
         tvm_streamk.stream_k(sch, block, target=A100, **decision)
     except StreamKError:
         return  # refused, with its reason: allowed
-    print("case", what, decision, flush=True)
     args = workloads.random_args(sch.mod["main"])
     assert np.isnan(args[-1]).all()
     out = pocl.run(sch.mod, *args, pipeline="tvm_streamk")[-1]
@@ -96,8 +114,3 @@ def test_every_accepted_knob_combination_builds_and_runs(case, decision):
         lib = tvm.compile(sch.mod, target=A100, tir_pipeline="tvm_streamk")
         report = ptxas.resources(lib.mod.imports[0].inspect_source(), "sm_80")
         assert report, (what, decision)
-
-
-if __name__ == "__main__":
-    test_every_accepted_knob_combination_builds_and_runs()
-    print("every accepted combination built and ran")
