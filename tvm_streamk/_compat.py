@@ -90,6 +90,21 @@ def prim_dtype_of(expr) -> str | None:
     return str(ty.dtype) if isinstance(ty, PrimType) else None
 
 
+def buffer_type_like(ty, *, element=None, shape=None):
+    """A ``BufferType`` like ``ty`` with another element type (a ``PrimType``) or shape."""
+    return BufferType(
+        ty.dtype if element is None else element,
+        ty.storage_scope,
+        ty.shape if shape is None else shape,
+        ty.strides,
+        ty.elem_offset,
+        ty.data_alignment,
+        ty.offset_factor,
+        ty.layout,
+        ty.allocated_addr,
+    )
+
+
 def is_buffer_var(value) -> bool:
     """Whether ``value`` is a buffer (in 0.27 a ``Var`` whose type is ``BufferType``)."""
     return isinstance(value, tvm.ir.Var) and isinstance(value.ty, BufferType)

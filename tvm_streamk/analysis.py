@@ -19,9 +19,11 @@ from ._compat import (
     BufferLoadNode,
     SBlock,
     SBlockRealize,
+    arith,
     dtype_of,
     loaded_buffer,
     structural_equal,
+    structural_map,
     structural_walk,
 )
 from .errors import StreamKError
@@ -39,6 +41,7 @@ COND_ACCUMULATOR = "register-accumulator"
 COND_WRITEBACK = "global-writeback"
 COND_EPILOGUE = "no-epilogue"
 COND_ATOMIC = "atomic-dtype"
+COND_RUNTIME_TILES = "runtime-tiles"
 
 
 @dataclass(frozen=True)
@@ -74,12 +77,66 @@ class StreamKSite:
         return self.stage if self.stage is not None else self.accumulator
 
     @property
-    def band_extents(self) -> tuple[int, ...]:
-        return tuple(int(loop.extent) for loop in self.band)
+    def runtime_tiles(self) -> bool:
+        """Whether a band loop's extent (so the tile count) is only known at run time."""
+        return any(not isinstance(loop.extent, tirx.IntImm) for loop in self.band)
+
+    @property
+    def band_extents(self) -> tuple:
+        """The band loops' extents: ints, and an expression for a run-time extent."""
+        return tuple(
+            int(loop.extent) if isinstance(loop.extent, tirx.IntImm) else loop.extent
+            for loop in self.band
+        )
 
     @property
     def tiles(self) -> int:
+        """The tile count, for a band of compile-time extents (see :attr:`tile_count`)."""
+        if self.runtime_tiles:
+            raise StreamKError(
+                COND_RUNTIME_TILES,
+                f"the tile count {self.tile_count} is only known at run time",
+                "This step needs a compile-time tile count: specialise the shape first.",
+            )
         return math.prod(self.band_extents)
+
+    def tiles_at(self, sizes: dict[str, int]) -> int:
+        """The tile count when the run-time extents' variables take ``sizes`` (by name)."""
+        if not self.runtime_tiles:
+            return self.tiles
+        free: dict = {}
+
+        def visit(v) -> None:
+            free[v.name] = v
+
+        structural_walk(self.tile_count, (tirx.Var, visit))
+        missing = sorted(set(free) - set(sizes))
+        if missing:
+            raise StreamKError(
+                COND_RUNTIME_TILES,
+                f"the tile count {self.tile_count} is only known at run time, and no size was "
+                f"given for {missing}",
+                f"Pass sizes={{{', '.join(f'{n!r}: 100' for n in missing)}}} (values of the "
+                "run-time shape variables).",
+            )
+        value = structural_map(
+            self.tile_count,
+            (
+                tirx.Var,
+                lambda v: tirx.const(int(sizes[v.name]), dtype_of(v)) if v.name in free else v,
+            ),
+        )
+        return int(arith.Analyzer().simplify(value))
+
+    @property
+    def tile_count(self):
+        """The tile count: an int, or an expression of the run-time extent."""
+        if not self.runtime_tiles:
+            return self.tiles
+        count = None
+        for extent in self.band_extents:
+            count = extent if count is None else count * extent
+        return count
 
     @property
     def panels(self) -> int:
@@ -474,13 +531,16 @@ def _tile_band(path, block, loops, reduce_vars) -> list[tirx.For]:
                 "perfectly nested",
                 "Keep the blockIdx loops directly nested.",
             )
+    dynamic = [loop for loop in band if not isinstance(loop.extent, tirx.IntImm)]
+    if len(dynamic) > 1:
+        raise StreamKError(
+            COND_RUNTIME_TILES,
+            f"blockIdx loops {[lp.loop_var.name for lp in dynamic]} all have run-time extents "
+            f"({', '.join(str(lp.extent) for lp in dynamic)})",
+            "Stream-K takes one run-time tile extent (a dynamic M, or batch); specialise the "
+            "others first.",
+        )
     for loop in band:
-        if not isinstance(loop.extent, tirx.IntImm):
-            raise StreamKError(
-                COND_PANEL,
-                f"blockIdx loop {loop.loop_var.name} has the non-constant extent {loop.extent}",
-                "Stream-K needs compile-time tile counts: specialise the shape first.",
-            )
         if any(_uses_var(v, loop.loop_var) for v in reduce_vars):
             raise StreamKError(
                 COND_BAND,

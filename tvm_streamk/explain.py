@@ -50,6 +50,7 @@ def explain(
     accumulator_bytes: int | None = None,
     output_bytes: int | None = None,
     target=None,
+    sizes: dict[str, int] | None = None,
     print_: bool = True,
 ) -> Explanation:
     """Report what a Stream-K decomposition does, beside data-parallel for the same work.
@@ -78,6 +79,9 @@ def explain(
         resident blocks per SM of the built Stream-K and data-parallel kernels
         (:mod:`tvm_streamk.resources`), sizes the baseline by the latter's and lets the
         model's SMs run at their occupancy.
+    sizes : dict, optional
+        For a dynamic-shape kernel (a tile count known only at run time), the values of its
+        shape variables by name to explain it at, e.g. ``sizes={"m": 100}``.
     print_ : bool
         Print the report as well as returning it.
 
@@ -101,10 +105,11 @@ def explain(
     (2, 1, 4096, 2)
     """
     if isinstance(sch_or_plan, Plan):
-        if block is not None or num_sms is not None or target is not None:
+        if block is not None or num_sms is not None or target is not None or sizes is not None:
             raise ExplainError(
-                "block=, num_sms= and target= apply to kernels; found them with a Plan, which "
-                "already fixes the first two (build another plan with tvm_streamk.plan instead)"
+                "block=, num_sms=, target= and sizes= apply to kernels; found them with a Plan, "
+                "which already fixes the first two (build another plan with tvm_streamk.plan "
+                "instead)"
             )
         fixup = "atomic" if fixup is None else fixup
         result = _explanation(
@@ -124,6 +129,7 @@ def explain(
             accumulator_bytes=accumulator_bytes,
             output_bytes=output_bytes,
             target=target,
+            sizes=sizes,
         )
     if print_:
         print(result)
@@ -241,7 +247,16 @@ def _occupancy_of(mod: tvm.IRModule, target) -> dict:
 
 
 def _from_kernel(
-    obj, *, tile_shape, fixup, block, num_sms, accumulator_bytes, output_bytes, target=None
+    obj,
+    *,
+    tile_shape,
+    fixup,
+    block,
+    num_sms,
+    accumulator_bytes,
+    output_bytes,
+    target=None,
+    sizes=None,
 ):
     annotated = [
         (name, func, b.name_hint)
@@ -289,8 +304,16 @@ def _from_kernel(
         )
     # The decision records a concrete policy, so the plan rebuilt from it has no reason of its
     # own. When the cost model picks the same plan today, its reasoning is the likely origin.
-    p = plan_for(site, decision)
+    if site.runtime_tiles and sizes is None:
+        raise ExplainError(
+            f"block {block_name!r} has a tile count known only at run time "
+            f"({site.tile_count}); pass sizes= (its shape variables by name, e.g. "
+            "sizes={'m': 100}) to explain it at one size"
+        )
+    p = plan_for(site, decision, sizes=sizes)
     reason = "recorded on the block by tvm_streamk.stream_k"
+    if site.runtime_tiles:
+        reason += f" for a run-time tile count, here {p.tiles} at {sizes}"
     try:
         model = decomposition.plan(
             p.tiles,

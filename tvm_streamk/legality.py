@@ -17,6 +17,7 @@ COND_RUNTIME_GRID = "num-sms"
 COND_GROUP = "group"
 COND_FRAGMENT_SPLIT = "fragment-aligned-split"
 COND_PANEL_CHAIN = "panel-loop"
+COND_RUNTIME_TILES = "runtime-tiles"
 
 
 def check_runtime_grid(policy: str, fragment_accumulator: bool, where: str = "") -> None:
@@ -43,6 +44,45 @@ def check_runtime_grid(policy: str, fragment_accumulator: bool, where: str = "")
             f"num_sms='device' with policy={policy!r}{on}",
             f"Only policy {' or '.join(map(repr, capable))} derives its work split from the "
             "run-time grid; pass num_sms for the other policies.",
+        )
+
+
+def check_runtime_tiles(site, policy: str, group: int | None, where: str = "") -> None:
+    """Refuse a decision a tile count known only at run time (a dynamic M) cannot take.
+
+    The persistent grid is then computed at run time, ``min(resident blocks, tiles * panels)``
+    blocks, and the kernel evaluates the closed forms on the run-time count: only a policy
+    whose closed forms take a run-time grid can (``stream_k``), or one that is the kernel as
+    written (``data_parallel``). A chooser (``heuristic``) would need the count to choose.
+    Tensor-core fragments take only aligned splits, whose grid is fixed at compile time, and the
+    grouped tile order divides by the band's extents.
+    """
+    if not site.runtime_tiles:
+        return
+    on = f" of block {where!r}" if where else ""
+    found = f"the run-time tile count {site.tile_count}{on}"
+    capable = [p.name for p in policies.concrete() if p.runtime_grid or p.is_original]
+    if policy not in capable:
+        raise StreamKError(
+            COND_RUNTIME_TILES,
+            f"policy={policy!r} for {found}",
+            f"Pass policy={' or '.join(map(repr, capable))}, or specialise the shape "
+            "(one kernel per M) for the other policies.",
+        )
+    if policies.get(policy).is_original:
+        return
+    if site.fragment_accumulator:
+        raise StreamKError(
+            COND_RUNTIME_TILES,
+            f"a tensor-core fragment accumulator with {found}",
+            "Fragments take only aligned splits, fixed at compile time: specialise the shape, "
+            "or use policy='data_parallel'.",
+        )
+    if group:
+        raise StreamKError(
+            COND_RUNTIME_TILES,
+            f"group={group} with {found}",
+            "Drop group: the grouped order needs compile-time tile extents.",
         )
 
 

@@ -2,7 +2,8 @@
 
 ``LowerStreamK`` runs first, while the IR still has blocks, ``T.init`` and iteration variables;
 everything after it (thread syncs, storage planning, host/device split) is TVM's own, except
-``ResolveDeviceSMs`` at the end, which needs the device ``MakePackedAPI`` defines.
+``BoundRunTimeAllocations`` (per-block buffers of a dynamic-shape kernel at their compile-time
+bound) and ``ResolveDeviceSMs`` at the end, which needs the device ``MakePackedAPI`` defines.
 
 Importing the package also wraps every other registered TIR pipeline (TVM's ``default``,
 ``s_tir``, ...) with :func:`refuse_unlowered`: a module that still carries a Stream-K decision
@@ -23,6 +24,7 @@ from ._compat import (
 from ._compat import target as as_target
 from .errors import StreamKError
 from .transform import LowerStreamK
+from .transform.bound_allocations import BoundRunTimeAllocations
 from .transform.device_sms import ResolveDeviceSMs
 from .transform.lower_stream_k import annotated_blocks
 
@@ -88,7 +90,8 @@ def stream_k_pipeline():
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_streamk.pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return ResolveDeviceSMs()(_with_safe_reuse(LowerStreamK()(mod), base))
+        lowered = _with_safe_reuse(LowerStreamK()(mod), base)
+        return ResolveDeviceSMs()(BoundRunTimeAllocations(lowered))
 
     return _pipeline, finalize_host, finalize_device
 

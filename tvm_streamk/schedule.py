@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import tvm
 
 from . import annotations as ann
@@ -17,6 +15,7 @@ from .legality import (
     check_group,
     check_one_panel_loop,
     check_runtime_grid,
+    check_runtime_tiles,
 )
 from .transform import fixup as fixups
 from .transform.fixup_atomic import atomic_dtype_error
@@ -183,6 +182,7 @@ def stream_k(
         fixup = "workspace" if deterministic else _auto_fixup(site, target)
     check_fixup(site, fixup, target)
     check_group(group, site.band_extents)
+    check_runtime_tiles(site, policy, group)
     device_mode = num_sms == "device"
     recorded_sms = None
     if device_mode:
@@ -205,6 +205,10 @@ def stream_k(
         dp_bps = None if dp is None else dp.blocks
         busy = None if dp is None else cost_model.saturation(dp.warps_per_block, dp.blocks)
         try:
+            if site.runtime_tiles:
+                return decomposition.plan_at_run_time(
+                    site.tile_count, site.panels, sms, bps, policy, runtime_sms=device_mode
+                )
             if site.fragment_accumulator:
                 return _aligned_plan(site, sms, bps, policy, splits, dp_bps, busy)
             return decomposition.plan(
@@ -252,9 +256,10 @@ def stream_k(
         bps, chosen, note = _occupancy_plan(sch, target, choose, record)
     if recorded_sms is not None:
         when = "the run-time grid" if device_mode else "the compile target's SM count"
-        chosen = dataclasses.replace(chosen, reason=f"planned for one SM: the kernel uses {when}")
+        also = f"{chosen.reason}; " if site.runtime_tiles else ""
+        chosen = chosen.with_reason(f"{also}planned for one SM: the kernel uses {when}")
     if note:
-        chosen = dataclasses.replace(chosen, reason=f"{chosen.reason}; {note}")
+        chosen = chosen.with_reason(f"{chosen.reason}; {note}")
     record(sch, chosen, bps)
     return chosen
 

@@ -26,7 +26,7 @@ where that keeps loop extents constant.
 
 from . import data_parallel, hybrid, policy, split_k, stream_k
 from .ops import INT_OPS, DecompositionError, IntOps, Ops
-from .plans import MAX_RUNTIME_SMS, Plan, plan
+from .plans import MAX_RUNTIME_SMS, Plan, RuntimeTilesPlan, plan, plan_at_run_time
 from .policy import Policy, register
 from .tile_order import tile_order
 
@@ -38,9 +38,11 @@ __all__ = [
     "Ops",
     "Plan",
     "Policy",
+    "RuntimeTilesPlan",
     "data_parallel",
     "hybrid",
     "plan",
+    "plan_at_run_time",
     "policy",
     "register",
     "split_k",

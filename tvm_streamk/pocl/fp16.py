@@ -18,9 +18,9 @@ import tvm
 from .._compat import (
     BufferLoad,
     BufferStore,
-    BufferType,
     PointerType,
     PrimType,
+    buffer_type_like,
     call_pure_extern,
     is_buffer_var,
     op_name,
@@ -207,16 +207,8 @@ class _Legalizer:
         new = None
         if is_buffer_var(var) and _is_fp16(str(ty.dtype.dtype)):
             # A vector-typed buffer (float16x2 elements) holds ushort2 bit patterns.
-            new_ty = BufferType(
-                PrimType(_with_base(str(ty.dtype.dtype), "uint16")),
-                ty.storage_scope,
-                ty.shape,
-                ty.strides,
-                ty.elem_offset,
-                ty.data_alignment,
-                ty.offset_factor,
-                ty.layout,
-                ty.allocated_addr,
+            new_ty = buffer_type_like(
+                ty, element=PrimType(_with_base(str(ty.dtype.dtype), "uint16"))
             )
             new = tvm.ir.Var(var.name, new_ty)
             self.storage.add(new.__chandle__())

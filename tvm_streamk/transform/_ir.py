@@ -230,7 +230,8 @@ INT32_MAX = 2**31 - 1
 def index_dtype(site, plan: decomposition.Plan, runtime_grid: bool = False) -> str:
     """The integer type of the closed forms: the band's own type unless the plan's largest
     intermediate would wrap it (then int64), for a run-time grid at its largest."""
-    if site.index_dtype == "int64":
+    if site.index_dtype == "int64" or site.runtime_tiles:
+        # A run-time tile count has no compile-time bound.
         return "int64"
     bound = plan.largest_intermediate(plan.runtime_grid_bound() if runtime_grid else None)
     return "int64" if bound > INT32_MAX else site.index_dtype
@@ -251,8 +252,22 @@ def coordinates(band: tuple[tirx.For, ...], tile, group: int | None) -> list[tir
     overflowed PoCL's stack). Its coordinates are read back through :func:`opaque_bind`,
     clamped to the band, which the compaction bounds by the loop extents.
     """
-    extents = tuple(int(loop.extent) for loop in band)
-    coords = decomposition.tile_order(tile, extents, group=group, ops=TIR_OPS)
+    extents = tuple(loop.extent for loop in band)
+    dynamic = [i for i, e in enumerate(extents) if not isinstance(e, tirx.IntImm)]
+    if dynamic:
+        # A run-time extent is walked slowest: the row-major order then divides by the
+        # compile-time extents only (the outermost one, here a stand-in 1, is never a divisor),
+        # and no grouped order takes it (legality).
+        order = dynamic + [i for i in range(len(extents)) if i not in dynamic]
+        walked = decomposition.tile_order(
+            tile, (1, *(int(extents[i]) for i in order[1:])), ops=TIR_OPS
+        )
+        coords = [None] * len(extents)
+        for i, c in zip(order, walked, strict=True):
+            coords[i] = c
+    else:
+        extents = tuple(int(e) for e in extents)
+        coords = decomposition.tile_order(tile, extents, group=group, ops=TIR_OPS)
     stmts: list[tirx.Stmt] = []
     for loop, c, extent in zip(band, coords, extents, strict=True):
         dtype = dtype_of(loop.loop_var)

@@ -348,7 +348,8 @@ class WorkspaceFixup(fixup.Fixup):
             return None
         threads = 128
         tiles = self.plan.counter_tiles
-        dtype = self.site.index_dtype
+        # A run-time tile count (int64) gives the kernel an extent computed at run time.
+        dtype = self.site.index_dtype if isinstance(tiles, int) else dtype_of(tiles)
         b, t = var("sk_count_block", dtype), var("sk_count_thread", dtype)
         index = b * threads + t
         store = opaque_block(
@@ -358,7 +359,9 @@ class WorkspaceFixup(fixup.Fixup):
             predicate=index < tiles,
         )
         thread = bound_loop(t, threads, store, "threadIdx.x")
-        return bound_loop(b, int_imm((tiles + threads - 1) // threads, dtype), thread)
+        if isinstance(tiles, int):
+            return bound_loop(b, int_imm((tiles + threads - 1) // threads, dtype), thread)
+        return bound_loop(b, tirx.floordiv(tiles + (threads - 1), threads), thread)
 
 
 def _tag(loop: tirx.For) -> str:

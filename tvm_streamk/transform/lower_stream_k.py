@@ -36,6 +36,7 @@ from ..legality import (
     check_group,
     check_one_panel_loop,
     check_runtime_grid,
+    check_runtime_tiles,
 )
 from . import device_sms
 from . import fixup as fixups
@@ -57,16 +58,31 @@ from .localize import localize_accumulator
 
 
 def plan_for(
-    site: StreamKSite, decision: ann.Decision, target: tvm.target.Target | None = None
+    site: StreamKSite,
+    decision: ann.Decision,
+    target: tvm.target.Target | None = None,
+    sizes: dict[str, int] | None = None,
 ) -> decomposition.Plan:
     """The decomposition plan a decision stands for on this site, for ``target``.
 
     With ``num_sms="device"`` the plan is made for one SM: its closed forms are then evaluated
     with the grid launched at run time. A decision recorded for the compile target's count
-    (:data:`~tvm_streamk.annotations.TARGET_SMS`) is planned for ``target``'s.
+    (:data:`~tvm_streamk.annotations.TARGET_SMS`) is planned for ``target``'s. A run-time tile
+    count gives the lowering's view (:meth:`~tvm_streamk.decomposition.Plan.at_run_time`), or
+    with ``sizes`` (the run-time shape variables by name) the plan the kernel runs at them.
     """
+    tiles = site.tiles_at(sizes) if sizes is not None and site.runtime_tiles else None
+    if site.runtime_tiles and tiles is None:
+        return decomposition.plan_at_run_time(
+            run_time_tile_count(site),
+            site.panels,
+            decision_sms(decision, target),
+            decision.blocks_per_sm,
+            decision.policy,
+            runtime_sms=decision.num_sms == ann.DEVICE_SMS,
+        )
     return decomposition.plan(
-        site.tiles,
+        site.tiles if tiles is None else tiles,
         site.panels,
         decision_sms(decision, target),
         blocks_per_sm=decision.blocks_per_sm,
@@ -74,6 +90,15 @@ def plan_for(
         splits=decision.splits if decomposition.policy.get(decision.policy).takes_splits else None,
         variant=decision.variant,
     )
+
+
+def run_time_tile_count(site: StreamKSite) -> tirx.Expr:
+    """The tile count of a band with a run-time extent, in the closed forms' type (int64)."""
+    count = None
+    for extent in site.band_extents:
+        e = cast_to("int64", int_imm(extent, "int64") if isinstance(extent, int) else extent)
+        count = e if count is None else count * e
+    return count
 
 
 def decision_sms(decision: ann.Decision, target: tvm.target.Target | None) -> int:
@@ -142,8 +167,10 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
         tile_body = localize_accumulator(tile_body, site)
     device_grid = None
     check_group(decision.group, site.band_extents, block_name)
+    check_runtime_tiles(site, plan.policy, decision.group, block_name)
     if decision.num_sms == ann.DEVICE_SMS:
         check_runtime_grid(plan.policy, site.fragment_accumulator, block_name)
+    if decision.num_sms == ann.DEVICE_SMS or site.runtime_tiles:
         device_grid = var("sk_grid", index_dtype(site, plan, runtime_grid=True))
     fixup = make_fixup(site, plan, decision, target, tile_body, device_grid)
     if aligned:
@@ -186,6 +213,8 @@ def _bind_runtime_grid(grid: tirx.Var, plan, decision, body: tirx.Stmt, target) 
     """
     dtype = dtype_of(grid)
     slots = cast_to(dtype, device_sms.placeholder() * decision.blocks_per_sm)
+    if decision.num_sms != ann.DEVICE_SMS:
+        slots = int_imm(plan.runtime_grid_bound(), dtype)
     truncate = target is not None and target.kind.name == "opencl"
 
     def kernel(loop: tirx.For):
@@ -199,8 +228,11 @@ def _bind_runtime_grid(grid: tirx.Var, plan, decision, body: tirx.Stmt, target) 
             kernel_body = _truncating_divisions_by(inner, kernel_body)
         return with_body(loop, seq([*binds, kernel_body]))
 
-    bound = int_imm(plan.runtime_grid_bound(), dtype)
-    return seq([tirx.Bind(grid, tirx.min(slots, bound)), structural_map(body, (tirx.For, kernel))])
+    launched = tirx.min(slots, int_imm(plan.runtime_grid_bound(), dtype))
+    if isinstance(plan, decomposition.RuntimeTilesPlan):
+        # Never more blocks than iterations: every block owns at least one.
+        launched = tirx.min(launched, cast_to(dtype, plan.iterations))
+    return seq([tirx.Bind(grid, launched), structural_map(body, (tirx.For, kernel))])
 
 
 def _truncating_divisions_by(divisor: tirx.Var, body: tirx.Stmt) -> tirx.Stmt:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import tvm
 from tvm.script import tirx as T
 
-from .errors import WorkloadError, check_choice, check_extents
+from .errors import WorkloadError, check_choice, check_extents, run_time_extent
 
 LAYOUTS = ("NN", "NT", "TN")
 IN_DTYPES = ("float32", "float16", "bfloat16", "int8")
@@ -34,7 +34,9 @@ def gemm(
     Parameters
     ----------
     M, N, K : int
-        Problem extents.
+        Problem extents. ``M`` may be a run-time extent: an integer ``tvm.tirx.Var`` or the
+        name of a new int64 one (a dynamic-shape kernel, as Relax models with a symbolic token
+        count have).
     layout : str
         "NN": A is (M, K), B is (K, N). "NT": B is (N, K). "TN": A is (K, M).
     in_dtype : str
@@ -49,7 +51,8 @@ def gemm(
     batch : int, optional
         When given, every operand gets a leading batch axis (batched GEMM).
     """
-    check_extents(M=M, N=N, K=K, **({} if batch is None else {"batch": batch}))
+    M = run_time_extent("M", M)
+    check_extents(N=N, K=K, **({} if batch is None else {"batch": batch}))
     check_choice("layout", layout, LAYOUTS)
     check_choice("in_dtype", in_dtype, IN_DTYPES)
     check_choice("epilogue", epilogue, EPILOGUES)

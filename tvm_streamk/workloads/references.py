@@ -9,19 +9,22 @@ import tvm
 
 from .._compat import param_buffers
 from .builders import LAYOUTS
-from .errors import check_choice
+from .errors import WorkloadError, check_choice
 
 
-def random_args(func: tvm.tirx.PrimFunc, rng: np.random.Generator | None = None) -> list:
+def random_args(
+    func: tvm.tirx.PrimFunc, rng: np.random.Generator | None = None, **sizes: int
+) -> list:
     """Fresh random inputs for every parameter, the output (last parameter) poisoned with NaN.
 
-    Integer outputs cannot hold NaN: they are filled with a sentinel (-12345) instead.
+    Integer outputs cannot hold NaN: they are filled with a sentinel (-12345) instead. A
+    dynamic-shape function takes the value of each shape variable by name (``m=100``).
     """
     rng = rng or np.random.default_rng()
     args = []
     params = param_buffers(func)
     for n, buf in enumerate(params):
-        shape = tuple(int(s) for s in buf.shape)
+        shape = tuple(_size(s, sizes) for s in buf.shape)
         dtype = str(buf.dtype)
         np_dtype = _numpy_dtype(dtype)
         if n == len(params) - 1:
@@ -36,6 +39,17 @@ def random_args(func: tvm.tirx.PrimFunc, rng: np.random.Generator | None = None)
         else:
             args.append(rng.uniform(-1.0, 1.0, size=shape).astype(np_dtype))
     return args
+
+
+def _size(extent, sizes: dict) -> int:
+    if isinstance(extent, tvm.tirx.IntImm):
+        return int(extent)
+    if isinstance(extent, tvm.tirx.Var) and extent.name in sizes:
+        return int(sizes[extent.name])
+    raise WorkloadError(
+        f"the extent {extent} is only known at run time, and no size was given for it; pass "
+        f"it by name, e.g. random_args(func, {getattr(extent, 'name', 'm')}=100)"
+    )
 
 
 def _numpy_dtype(dtype: str):

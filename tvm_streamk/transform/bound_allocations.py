@@ -1,0 +1,80 @@
+"""Per-block buffers of a dynamic-shape kernel sized by their compile-time bound.
+
+A tile of a kernel whose M is a run-time value may hang over the matrix edge, so TVM's
+``CompactBufferAllocation`` sizes the tile's register and shared buffers as the tile clipped to
+the matrix: ``C_local[min(m, 2) * 2]``, ``A_shared[min(m, 16) * 8]``. Register and shared memory
+are sized at compile time (OpenCL and CUDA codegen refuse the allocation: "Can only handle
+constant size stack allocation"), and the clip never exceeds the tile. ``BoundRunTimeAllocations``
+runs after TVM's pipeline and gives each such allocation the upper bound of its extent (the
+unclipped tile): the accesses stay within the smaller run-time region, so the larger allocation
+changes no index. An extent without a finite bound is refused with its buffer's name.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import tirx
+
+from .._compat import arith, buffer_type_like, dtype_of, structural_map, structural_walk
+from ..errors import StreamKError
+
+# Storage a kernel sizes at compile time.
+_STATIC_SCOPES = ("local", "shared", "warp")
+COND_ALLOCATION = "run-time-allocation"
+
+
+def _bounded(buf, analyzer):
+    """A buffer variable like ``buf`` with constant extents, or None when they already are."""
+    ty = buf.ty
+    if all(isinstance(e, tirx.IntImm) for e in ty.shape):
+        return None
+    shape = []
+    for extent in ty.shape:
+        if isinstance(extent, tirx.IntImm):
+            shape.append(extent)
+            continue
+        high = analyzer.const_int_bound(extent).max_value
+        if high >= arith.ConstIntBound.POS_INF:
+            raise StreamKError(
+                COND_ALLOCATION,
+                f"the {ty.storage_scope} buffer {buf.name} has the extent {extent}, which has "
+                "no compile-time bound",
+                "Tile the run-time axis (sch.split with a constant inner factor) so each "
+                "block's part of it is constant.",
+            )
+        shape.append(tirx.IntImm(dtype_of(extent), high))
+    new_ty = buffer_type_like(ty, shape=shape)
+    return tvm.ir.Var(buf.name, new_ty)
+
+
+def bound_allocations(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with every register/shared allocation of run-time size at its bound."""
+    analyzer = arith.Analyzer()
+    renamed: dict = {}
+
+    def on_alloc(stmt: tirx.AllocBuffer) -> None:
+        buf = stmt.buffer
+        if str(buf.ty.storage_scope) in _STATIC_SCOPES:
+            bounded = _bounded(buf, analyzer)
+            if bounded is not None:
+                renamed[buf.__chandle__()] = bounded
+
+    structural_walk(func.body, (tirx.AllocBuffer, on_alloc))
+    if not renamed:
+        return func
+    body = structural_map(func.body, (tvm.ir.Var, lambda v: renamed.get(v.__chandle__(), v)))
+    return func.with_body(body)
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_streamk.BoundRunTimeAllocations")
+def BoundRunTimeAllocations(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass
+    """The module pass of :func:`bound_allocations` (module docstring)."""
+    updates = {
+        gv: bound_allocations(func)
+        for gv, func in mod.functions.items()
+        if isinstance(func, tirx.PrimFunc)
+    }
+    for gv, func in updates.items():
+        if not func.same_as(mod[gv]):
+            mod[gv] = func
+    return mod
