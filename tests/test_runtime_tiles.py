@@ -10,12 +10,13 @@ static plans; the per-block buffers' sizes; ptxas resources; and the refusals.
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 
 import tvm_streamk
-from tvm_streamk import decomposition, ptxas, workloads
+from tvm_streamk import decomposition, ptxas, run_time_choice, workloads
 from tvm_streamk import pocl as pocl_backend
-from tvm_streamk._compat import Schedule, dlight, structural_walk
+from tvm_streamk._compat import Schedule, arith, dlight, dtype_of, structural_walk
 from tvm_streamk.analysis import first_site
 from tvm_streamk.decomposition import INT_OPS
 from tvm_streamk.errors import StreamKError
@@ -172,13 +173,14 @@ def test_dlight_dynamic_kernel_resources(fixup):
 
 @pytest.mark.parametrize(
     ("policy", "extra"),
-    [("heuristic", {}), ("split_k", {"splits": 2}), ("hybrid", {})],
+    [("split_k", {"splits": 2}), ("hybrid", {})],
 )
 def test_policies_without_run_time_closed_forms_are_refused(policy, extra):
     sch = _reference_kernel()
     before = sch.mod
     with pytest.raises(
-        StreamKError, match=r"\[runtime-tiles\].*Pass policy='data_parallel' or 'stream_k'"
+        StreamKError,
+        match=r"\[runtime-tiles\].*Pass policy='data_parallel' or 'stream_k' or 'heuristic'",
     ):
         tvm_streamk.stream_k(sch, "C_update", num_sms=3, policy=policy, **extra)
     assert sch.mod.same_as(before)
@@ -223,3 +225,66 @@ def test_explain_at_a_size():
     assert (e.plan.tiles, e.plan.panels, e.stats.grid) == (21, 7, 3)
     with pytest.raises(StreamKError, match=r"no size was given for \['m'\]"):
         tvm_streamk.explain(sch.mod, sizes={"n": 100}, print_=False)
+
+
+def _launched_grid(mod: tvm.IRModule, m: int) -> int:
+    """The grid the host computes for ``m`` rows: the lowered ``sk_grid`` evaluated at it."""
+    found = []
+
+    def on_bind(stmt) -> None:
+        if stmt.var.name == "sk_grid":
+            found.append(stmt.value)
+
+    structural_walk(tvm_streamk.lower(mod, A100)["main"].body, (tirx.Bind, on_bind))
+    (value,) = found
+    at_m = tvm_ffi.structural_map(
+        value, (tirx.Var, lambda v: tirx.const(m, dtype_of(v)) if v.name == "m" else v)
+    )
+    return int(arith.Analyzer().simplify(at_m))
+
+
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+def test_heuristic_chooses_per_tile_count_at_run_time(fixup):
+    # K = 256 in panels of 8 (P = 32), 3 tile columns, 4 SMs: the model takes Stream-K for some
+    # tile counts and data-parallel for others; one build runs each count with its choice.
+    sch = workloads.reference_schedule(workloads.gemm("m", 40, 256), bm=16, bn=16, bk=8, tm=2, tn=2)
+    chosen = tvm_streamk.stream_k(
+        sch, "C_update", num_sms=4, blocks_per_sm=1, policy="heuristic", fixup=fixup
+    )
+    assert (chosen.policy, chosen.variant) == ("stream_k", "or_data_parallel")
+    buckets = run_time_choice.stream_k_buckets(32, 4, 1, fixup)
+    assert buckets and "Stream-K for the counts" in chosen.reason
+    branches = set()
+    for m in (1, 20, 33, 100, 161, 1000, 4097):
+        tiles = 3 * -(-m // 16)
+        stream_k = any(lo <= tiles <= hi for lo, hi in buckets)
+        assert (
+            stream_k
+            == run_time_choice.stream_k_wins(
+                max(hi for lo, hi in buckets if lo <= tiles) if stream_k else tiles, 32, 4, 1, fixup
+            )
+            or not stream_k
+        )
+        expected = min(4, tiles * 32) if stream_k else tiles
+        assert _launched_grid(sch.mod, m) == expected, (m, tiles)
+        branches.add(stream_k)
+    assert branches == {True, False}
+    _check_every_size(sch, (1, 20, 100, 161))
+
+
+def test_first_wave_buckets_are_the_model_s_choice_at_each_bucket_end():
+    slots, panels = 16, 32
+    buckets = run_time_choice.stream_k_buckets(panels, slots, 1)
+    ends = sorted({-(-q * slots // run_time_choice.FILL_STEPS) for q in range(1, 9)})
+    for end in ends:
+        inside = any(lo <= end <= hi for lo, hi in buckets)
+        assert inside == run_time_choice.stream_k_wins(end, panels, slots, 1), end
+    # Whole waves are data-parallel, and so is every count past the waves asked.
+    assert not any(lo <= w * slots <= hi for lo, hi in buckets for w in range(1, 20))
+    assert max(hi for _, hi in buckets) <= run_time_choice.MAX_WAVES * slots
+
+
+def test_heuristic_on_a_run_time_grid_is_refused():
+    sch = _reference_kernel()
+    with pytest.raises(StreamKError, match=r"num_sms='device' with policy='heuristic'"):
+        tvm_streamk.stream_k(sch, "C_update", num_sms="device", policy="heuristic")

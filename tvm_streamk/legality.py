@@ -37,7 +37,7 @@ def check_runtime_grid(policy: str, fragment_accumulator: bool, where: str = "")
             f"num_sms='device' for a tensor-core fragment accumulator{on}",
             "The aligned split of fragments fixes its grid at compile time; pass num_sms.",
         )
-    capable = [p.name for p in policies.concrete() if p.runtime_grid]
+    capable = list(dict.fromkeys(p.name for p in policies.concrete() if p.runtime_grid))
     if policy not in capable:
         raise StreamKError(
             COND_RUNTIME_GRID,
@@ -53,7 +53,8 @@ def check_runtime_tiles(site, policy: str, group: int | None, where: str = "") -
     The persistent grid is then computed at run time, ``min(resident blocks, tiles * panels)``
     blocks, and the kernel evaluates the closed forms on the run-time count: only a policy
     whose closed forms take a run-time grid can (``stream_k``), or one that is the kernel as
-    written (``data_parallel``). A chooser (``heuristic``) would need the count to choose.
+    written (``data_parallel``); ``heuristic`` records Stream-K or data-parallel chosen by the
+    cost model at run time (:mod:`tvm_streamk.run_time_choice`).
     Tensor-core fragments take only aligned splits, whose grid is fixed at compile time, and the
     grouped tile order divides by the band's extents.
     """
@@ -61,17 +62,21 @@ def check_runtime_tiles(site, policy: str, group: int | None, where: str = "") -
         return
     on = f" of block {where!r}" if where else ""
     found = f"the run-time tile count {site.tile_count}{on}"
-    capable = [p.name for p in policies.concrete() if p.runtime_grid or p.is_original]
-    if policy not in capable:
+    capable = list(
+        dict.fromkeys(p.name for p in policies.concrete() if p.runtime_grid or p.is_original)
+    )
+    if policy not in capable and policy != "heuristic":
         raise StreamKError(
             COND_RUNTIME_TILES,
             f"policy={policy!r} for {found}",
-            f"Pass policy={' or '.join(map(repr, capable))}, or specialise the shape "
-            "(one kernel per M) for the other policies.",
+            f"Pass policy={' or '.join(map(repr, [*capable, 'heuristic']))}, or specialise the "
+            "shape (one kernel per M) for the other policies.",
         )
-    if policies.get(policy).is_original:
+    chooser = policy == "heuristic"
+    if not chooser and policies.get(policy).is_original:
         return
-    if site.fragment_accumulator:
+    # The heuristic keeps a fragment kernel data-parallel.
+    if site.fragment_accumulator and not chooser:
         raise StreamKError(
             COND_RUNTIME_TILES,
             f"a tensor-core fragment accumulator with {found}",

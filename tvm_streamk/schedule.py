@@ -17,6 +17,7 @@ from .legality import (
     check_runtime_grid,
     check_runtime_tiles,
 )
+from .run_time_choice import StreamKOrDataParallel, describe, stream_k_buckets
 from .transform import fixup as fixups
 from .transform.fixup_atomic import atomic_dtype_error
 from .transform.lower_stream_k import check_fixup
@@ -206,9 +207,7 @@ def stream_k(
         busy = None if dp is None else cost_model.saturation(dp.warps_per_block, dp.blocks)
         try:
             if site.runtime_tiles:
-                return decomposition.plan_at_run_time(
-                    site.tile_count, site.panels, sms, bps, policy, runtime_sms=device_mode
-                )
+                return _run_time_plan(site, sms, bps, policy, device_mode, fixup)
             if site.fragment_accumulator:
                 return _aligned_plan(site, sms, bps, policy, splits, dp_bps, busy)
             return decomposition.plan(
@@ -343,6 +342,28 @@ def _aligned_plan(
     times = [cost_model.predicted_time(c, sms, saturation=busy) for c in candidates]
     best = min(range(len(candidates)), key=lambda i: (times[i], i))
     return candidates[best]
+
+
+def _run_time_plan(site: StreamKSite, sms: int, bps: int, policy: str, device_mode, fixup):
+    """The plan of a run-time tile count: ``heuristic`` becomes Stream-K or data-parallel
+    chosen per tile count when the kernel runs (:mod:`tvm_streamk.run_time_choice`), or
+    data-parallel for a tensor-core fragment (whose splits are fixed at compile time)."""
+    if policy != "heuristic":
+        return decomposition.plan_at_run_time(
+            site.tile_count, site.panels, sms, bps, policy, runtime_sms=device_mode
+        )
+    if site.fragment_accumulator:
+        chosen = decomposition.plan_at_run_time(
+            site.tile_count, site.panels, sms, bps, "data_parallel"
+        )
+        return chosen.with_reason(
+            "data-parallel: a tensor-core fragment takes only splits fixed at compile time, and "
+            "the tile count is known only at run time"
+        )
+    chosen = decomposition.plan_at_run_time(
+        site.tile_count, site.panels, sms, bps, "stream_k", variant=StreamKOrDataParallel.variant
+    )
+    return chosen.with_reason(describe(stream_k_buckets(site.panels, sms, bps, fixup)))
 
 
 def _auto_fixup(site: StreamKSite, target) -> str:

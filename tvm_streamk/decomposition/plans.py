@@ -207,7 +207,9 @@ class Plan:
         object.__setattr__(view, "reason", reason)
         return view
 
-    def at_run_time(self, tiles: Any, grid_bound: int, reason: str = "") -> RuntimeTilesPlan:
+    def at_run_time(
+        self, tiles: Any, grid_bound: int, reason: str = "", variant: str | None = None
+    ) -> RuntimeTilesPlan:
         """This plan's closed forms on a tile count known only at run time.
 
         ``tiles`` is an expression (a dynamic-shape kernel's tile count); the kernel launches a
@@ -216,7 +218,8 @@ class Plan:
         expressions, and what enumerates the work (:attr:`work`, :attr:`split_tiles`) needs
         ints. Only a policy whose closed forms take a run-time grid (``runtime_grid``) has
         closed forms on a run-time tile count too; a policy that is the kernel as written
-        (``is_original``) launches one block per tile.
+        (``is_original``) launches one block per tile. ``variant`` picks another variant of the
+        plan's policy for the view (one whose grid only the run time decides).
         """
         if not (self.scheme.runtime_grid or self.scheme.is_original):
             raise DecompositionError(
@@ -227,8 +230,10 @@ class Plan:
         view = object.__new__(RuntimeTilesPlan)
         for f in fields(self):
             object.__setattr__(view, f.name, getattr(self, f.name))
-        derived = self.scheme.derived(tiles, self.panels, self.grid, self.splits)
-        grid = {"grid": tiles} if self.scheme.is_original else {}
+        if variant is not None:
+            object.__setattr__(view, "variant", registry.get(self.policy, variant).variant)
+        derived = view.scheme.derived(tiles, self.panels, self.grid, self.splits)
+        grid = {"grid": tiles} if view.scheme.is_original else {}
         for name, value in {"tiles": tiles, **derived, **grid, "reason": reason}.items():
             object.__setattr__(view, name, value)
         object.__setattr__(view, "_grid_bound", grid_bound)
@@ -460,6 +465,7 @@ def plan_at_run_time(
     blocks_per_sm: int = 1,
     policy: str = "stream_k",
     runtime_sms: bool = False,
+    variant: str | None = None,
 ) -> RuntimeTilesPlan:
     """The plan of a kernel whose tile count ``tiles`` (an expression) is known only at run time.
 
@@ -467,7 +473,9 @@ def plan_at_run_time(
     blocks, and evaluates the closed forms of ``policy`` on the run-time count (see
     :meth:`Plan.at_run_time`). With ``runtime_sms`` the SM count is the device's too, read at
     run time (``num_sms`` is then 1, and the grid at most ``MAX_RUNTIME_SMS`` SMs' worth).
-    ``data_parallel``'s view is the kernel as written, one block per tile.
+    ``data_parallel``'s view is the kernel as written, one block per tile; a ``variant`` of
+    ``policy`` may choose the grid from the run-time count
+    (:class:`tvm_streamk.run_time_choice.StreamKOrDataParallel`).
     """
     panels = positive_int("panels", panels, "the number of K-panels per tile")
     blocks_per_sm = positive_int("blocks_per_sm", blocks_per_sm, "the resident blocks per SM")
@@ -487,7 +495,7 @@ def plan_at_run_time(
         "the tile count is known only at run time: the kernel computes its grid and work split "
         "from it"
     )
-    return static.at_run_time(tiles, bound, reason)
+    return static.at_run_time(tiles, bound, reason, variant)
 
 
 def _spelled(names) -> str:

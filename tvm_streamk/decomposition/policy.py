@@ -140,6 +140,11 @@ class Policy:
         """The block running peer ``peer`` of ``tile``."""
         raise NotImplementedError
 
+    def run_time_grid(self, p: Plan, slots: Any, ops: Ops, fixup: str) -> Any:
+        """The grid launched for a tile count known only at run time (``p.tiles``, an
+        expression) on ``slots`` resident blocks: never more blocks than iterations."""
+        return ops.min(slots, p.iterations)
+
     def largest_intermediate(self, p: Plan, g: int) -> int:
         """An upper bound of every value the closed forms compute for ``g`` blocks."""
         raise NotImplementedError

@@ -27,7 +27,7 @@ import tvm
 from tvm import tirx
 
 from .. import annotations as ann
-from .. import decomposition, gpus
+from .. import decomposition, gpus, run_time_choice  # noqa: F401 - registers its policy
 from .._compat import SBlock, SBlockRealize, dtype_of, structural_map
 from ..analysis import StreamKSite, analyze, blocks_under
 from ..errors import StreamKError
@@ -41,6 +41,7 @@ from ..legality import (
 from . import device_sms
 from . import fixup as fixups
 from ._ir import (
+    TIR_OPS,
     Segment,
     bound_loop,
     cast_to,
@@ -80,6 +81,7 @@ def plan_for(
             decision.blocks_per_sm,
             decision.policy,
             runtime_sms=decision.num_sms == ann.DEVICE_SMS,
+            variant=decision.variant,
         )
     return decomposition.plan(
         site.tiles if tiles is None else tiles,
@@ -230,8 +232,10 @@ def _bind_runtime_grid(grid: tirx.Var, plan, decision, body: tirx.Stmt, target) 
 
     launched = tirx.min(slots, int_imm(plan.runtime_grid_bound(), dtype))
     if isinstance(plan, decomposition.RuntimeTilesPlan):
-        # Never more blocks than iterations: every block owns at least one.
-        launched = tirx.min(launched, cast_to(dtype, plan.iterations))
+        # The policy's grid for the run-time tile count (every block owns an iteration).
+        launched = cast_to(
+            dtype, plan.scheme.run_time_grid(plan, launched, TIR_OPS, decision.fixup)
+        )
     return seq([tirx.Bind(grid, launched), structural_map(body, (tirx.For, kernel))])
 
 
