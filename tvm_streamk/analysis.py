@@ -500,6 +500,20 @@ def first_site(func: tirx.PrimFunc) -> StreamKSite | None:
     return None
 
 
+def refusals(func: tirx.PrimFunc) -> dict[str, str]:
+    """Why each reduction block of ``func`` is not a Stream-K site, by block name (the
+    :class:`~tvm_streamk.errors.StreamKError` text; empty when ``func`` has no reduction)."""
+    found = {}
+    for block in blocks_under(func.body):
+        if not is_reduction(block):
+            continue
+        try:
+            analyze(func, block.name_hint)
+        except StreamKError as err:
+            found[block.name_hint] = str(err)
+    return found
+
+
 def _tile_band(path, block, loops, reduce_vars) -> list[tirx.For]:
     band: list[tirx.For] = []
     for loop in loops:
@@ -637,6 +651,21 @@ def _panel_chain(panel: tirx.For, inner_loops, reduce_vars) -> tuple[tirx.For, .
 
 
 def _writeback(block: SBlock, acc: tirx.Buffer) -> WriteBack:
+    reduced = [
+        iv.var.name for iv in block.iter_vars if int(iv.iter_type) == int(tirx.IterVar.CommReduce)
+    ]
+    if reduced or block.init is not None:
+        # dlight's gpu.Reduction (rfactor) reduces per-thread accumulators across threads after
+        # the panel loop: a partial tile is then spread over the threads, and the rewritten
+        # write-back would no longer lower to the cross-thread reduction (a race).
+        raise StreamKError(
+            COND_WRITEBACK,
+            f"write-back block {block.name_hint!r} is itself a reduction (over {reduced}) of "
+            "the accumulator after the panel loop, such as a cross-thread reduction of rfactor "
+            "partials",
+            "Stream-K merges whole accumulator tiles: schedule the reduction with one "
+            "accumulator per output element (dlight's gpu.Matmul), or leave it data-parallel.",
+        )
     body = block.body
     if not isinstance(body, tirx.BufferStore) or len(block.writes) != 1:
         raise StreamKError(

@@ -3,11 +3,14 @@ and the random inputs and float64 references numeric checks use.
 
 ``builders`` holds :func:`gemm`, :func:`batched_gemm` and :func:`gemv`; ``schedules`` the
 :func:`reference_schedule`; ``references`` :func:`random_args`, :func:`reference` and
-:func:`relative_error`; ``relax_models`` :func:`relax_matmul`; ``errors``
-:class:`WorkloadError`.
+:func:`relative_error`; ``relax_models`` :func:`relax_matmul`; ``convolutions`` :func:`conv` (and
+:func:`conv1d`, :func:`conv2d`, :func:`conv3d`) with :func:`conv_reference`; ``contractions``
+:func:`contraction` with :func:`contraction_reference`; ``errors`` :class:`WorkloadError`.
 """
 
 from .builders import EPILOGUES, IN_DTYPES, LAYOUTS, batched_gemm, gemm, gemv
+from .contractions import contraction, contraction_reference
+from .convolutions import conv, conv1d, conv2d, conv3d, conv_output_shape, conv_reference
 from .errors import WorkloadError
 from .references import random_args, reference, relative_error
 from .relax_models import relax_matmul
@@ -19,6 +22,14 @@ __all__ = [
     "LAYOUTS",
     "WorkloadError",
     "batched_gemm",
+    "contraction",
+    "contraction_reference",
+    "conv",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_output_shape",
+    "conv_reference",
     "gemm",
     "gemv",
     "random_args",

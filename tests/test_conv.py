@@ -1,0 +1,226 @@
+"""Stream-K on convolutions as dlight's GPU ``Matmul`` rule schedules them (issue 14, items 1, 5).
+
+The rule reindexes the convolution to a GEMM (implicit im2col: I = batch x output positions,
+J = output channels, K = input channels x kernel window) and inlines the padding into the
+shared-memory load. Every case is uneven in I, J and K against dlight's 32 x 64 x 16 tiles.
+Each run is checked on PoCL against the float64 numpy reference of :func:`conv_reference`.
+The default suite runs every family with the ``stream_k`` policy (both fix-ups; one for the second
+1-D and 3-D layouts) and the whole policy x fix-up matrix on one 2-D family; ``-m slow`` runs the
+matrix on every family and epilogue.
+"""
+
+import re
+
+import numpy as np
+import pytest
+
+import tvm_streamk
+from tvm_streamk import workloads
+from tvm_streamk.analysis import first_site
+from tvm_streamk.errors import StreamKError
+
+from .dlight_sites import (
+    A100,
+    DECISIONS,
+    DEFAULT_RULES,
+    check_numeric,
+    check_persistent,
+    decision_matrix,
+    matmul_site,
+    schedule_with,
+)
+
+# Only the tests that run kernels take every PoCL in turn.
+on_every_pocl = pytest.mark.usefixtures("opencl")
+
+# family -> the arguments of workloads.conv; comments give the GEMM dlight makes of it.
+CASES = {
+    # I = 2*11*10 = 220 (7 tiles), J = 7, K = 72 (5 panels).
+    "conv2d-nhwc-stride2-pad1": {
+        "data_shape": (2, 21, 19, 8),
+        "weight_shape": (3, 3, 8, 7),
+        "layout": "NHWC",
+        "stride": 2,
+        "padding": 1,
+    },
+    # I = 2*10*12 = 240 (8 tiles), J = 70 (2 tiles), K = 72; asymmetric padding, dilation 2 in H.
+    "conv2d-nchw-dilated-asym-pad": {
+        "data_shape": (2, 8, 13, 23),
+        "weight_shape": (70, 8, 3, 3),
+        "layout": "NCHW",
+        "stride": (1, 2),
+        "padding": (1, 2, 0, 1),
+        "dilation": (2, 1),
+    },
+    # I = 3*75 = 225 (8 tiles), J = 9, K = 60 (4 panels).
+    "conv1d-nwc-stride2": {
+        "data_shape": (3, 150, 12),
+        "weight_shape": (5, 12, 9),
+        "layout": "NWC",
+        "stride": 2,
+        "padding": 2,
+    },
+    # I = 2*101 = 202 (7 tiles), J = 9, K = 60; end padding only, dilation 3.
+    "conv1d-ncw-dilated": {
+        "data_shape": (2, 12, 110),
+        "weight_shape": (9, 12, 5),
+        "layout": "NCW",
+        "padding": (0, 3),
+        "dilation": 3,
+    },
+    # I = 7*9*8 = 504 (16 tiles), J = 6, K = 108 (7 panels).
+    "conv3d-ndhwc-pad1": {
+        "data_shape": (1, 7, 9, 8, 4),
+        "weight_shape": (3, 3, 3, 4, 6),
+        "layout": "NDHWC",
+        "padding": 1,
+    },
+    # I = 2*3*8*3 = 144 (5 tiles), J = 6, K = 72.
+    "conv3d-ncdhw-strided": {
+        "data_shape": (2, 4, 7, 9, 8),
+        "weight_shape": (6, 4, 3, 2, 3),
+        "layout": "NCDHW",
+        "stride": (2, 1, 2),
+    },
+}
+MATRIX_FAMILY = "conv2d-nhwc-stride2-pad1"
+EPILOGUE_CASES = {
+    "conv2d-nhwc-bias-relu-residual": {
+        **CASES["conv2d-nhwc-stride2-pad1"],
+        "epilogue": "bias_relu_residual",
+    },
+    "conv2d-nchw-bias": {**CASES["conv2d-nchw-dilated-asym-pad"], "epilogue": "bias"},
+}
+
+
+def _reference(kwargs):
+    geometry = {k: v for k, v in kwargs.items() if k not in ("data_shape", "weight_shape")}
+    return lambda args: workloads.conv_reference(args, **geometry)
+
+
+# The second layout of 1-D and 3-D runs one fix-up by default, to keep the suite near a minute.
+ONE_FIXUP = {"conv1d-ncw-dilated": "workspace", "conv3d-ncdhw-strided": "atomic"}
+
+
+def _fast(family, policy, fixup) -> bool:
+    one_fixup = ONE_FIXUP.get(family, fixup) == fixup
+    return family == MATRIX_FAMILY or (policy == "stream_k" and one_fixup)
+
+
+@on_every_pocl
+@pytest.mark.parametrize("family,policy,fixup", list(decision_matrix(CASES, _fast)))
+def test_conv_matches_float64(family, policy, fixup):
+    kwargs = CASES[family]
+    check_numeric(workloads.conv(**kwargs), _reference(kwargs), policy, fixup)
+
+
+@pytest.mark.parametrize("family", list(CASES))
+def test_conv_kernel_is_persistent(family):
+    check_persistent(workloads.conv(**CASES[family]))
+
+
+def _epilogue_matrix():
+    for family in EPILOGUE_CASES:
+        for policy in DECISIONS:
+            fast = policy == "stream_k" and family == "conv2d-nhwc-bias-relu-residual"
+            marks = () if fast else (pytest.mark.slow,)
+            yield pytest.param(family, policy, marks=marks, id=f"{family}-{policy}")
+
+
+@on_every_pocl
+@pytest.mark.parametrize("family,policy", list(_epilogue_matrix()))
+def test_fused_epilogue_with_workspace_fixup(family, policy):
+    # dlight inlines the bias, ReLU and residual add into the write-back; the last block to
+    # arrive at a split tile runs that write-back once on the summed partials.
+    kwargs = EPILOGUE_CASES[family]
+    check_numeric(workloads.conv(**kwargs), _reference(kwargs), policy, "workspace")
+
+
+@pytest.mark.parametrize("family", list(EPILOGUE_CASES))
+def test_fused_epilogue_with_atomic_fixup_is_refused(family):
+    # Atomic adds merge raw partial sums: an epilogue dlight fused into the write-back (bias,
+    # ReLU, residual) would be applied to each partial. The workspace fix-up takes it (above).
+    sch, block = matmul_site(workloads.conv(**EPILOGUE_CASES[family]))
+    with pytest.raises(StreamKError, match=r"\[no-epilogue\].*fixup='workspace'"):
+        tvm_streamk.stream_k(
+            sch, block, target=A100, blocks_per_sm=1, fixup="atomic", policy="stream_k", num_sms=3
+        )
+
+
+GROUPED_CASES = {
+    "grouped-nhwc-groups2": {
+        "data_shape": (2, 21, 19, 8),
+        "weight_shape": (3, 3, 4, 70),
+        "layout": "NHWC",
+        "groups": 2,
+        "padding": 1,
+    },
+    "depthwise-nchw": {
+        "data_shape": (2, 8, 21, 19),
+        "weight_shape": (8, 1, 3, 3),
+        "layout": "NCHW",
+        "groups": 8,
+        "padding": 1,
+    },
+}
+
+
+@pytest.mark.xfail(
+    raises=AssertionError,
+    strict=True,
+    reason="a grouped conv (depthwise too) reads input channel ff // (O/G) * (C/G) + rc, so the "
+    "output channel indexes both operands: dlight's gpu.Matmul sees it as a batch axis, finds no "
+    "J axis and declines; gpu.Fallback schedules it and first_site finds no Stream-K site",
+)
+@pytest.mark.parametrize("family", list(GROUPED_CASES))
+def test_grouped_conv_gets_a_matmul_site(family):
+    matmul_site(workloads.conv(**GROUPED_CASES[family]), rules=DEFAULT_RULES)
+
+
+@pytest.mark.parametrize("family", list(GROUPED_CASES))
+def test_grouped_conv_falls_back_without_a_site(family):
+    # Records where a grouped conv goes today, so a change in dlight or in the analysis shows.
+    scheduled, taken = schedule_with(workloads.conv(**GROUPED_CASES[family]), *DEFAULT_RULES)
+    assert taken == "Fallback"
+    assert first_site(scheduled) is None
+
+
+def test_conv_reference_matches_a_direct_loop():
+    # The reference's strided-view formulation against the definition, element by element.
+    kwargs = {"stride": (2, 1), "padding": (1, 0, 2, 1), "dilation": (1, 2), "groups": 2}
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (2, 4, 7, 6))
+    w = rng.uniform(-1, 1, (6, 2, 3, 2))
+    out = workloads.conv_reference([x, w], layout="NCHW", **kwargs)
+    padded = np.pad(x, [(0, 0), (0, 0), (1, 2), (0, 1)])
+    expected = np.zeros(out.shape)
+    for n, o, y, xx in np.ndindex(*out.shape):
+        g = o // 3
+        for c, ky, kx in np.ndindex(2, 3, 2):
+            tap = padded[n, g * 2 + c, y * 2 + ky, xx + kx * 2]
+            expected[n, o, y, xx] += tap * w[o, c, ky, kx]
+    np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-12)
+    assert out.shape == workloads.conv_output_shape(x.shape, w.shape, layout="NCHW", **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"layout": "NHCW"}, "layout must be one of"),
+        ({"data_shape": (2, 21, 19)}, "data_shape must have 4 extents"),
+        ({"weight_shape": (3, 3, 5, 7)}, "I axis (HWIO layout) must hold channels / groups"),
+        ({"stride": (1, 2, 1)}, "stride must be an int >= 1 or 2 of them"),
+        ({"padding": -1}, "padding must be an int >= 0"),
+        ({"groups": 3}, "groups=3 must divide the input channels (8)"),
+        ({"data_shape": (2, 2, 2, 8), "padding": 0}, "dilated window 3 is wider"),
+        ({"epilogue": "relu"}, "epilogue must be one of"),
+    ],
+)
+def test_conv_rejects_invalid_arguments(kwargs, message):
+    with pytest.raises(workloads.WorkloadError, match=re.escape(message)):
+        workloads.conv(**{**CASES["conv2d-nhwc-stride2-pad1"], **kwargs})
+
+
+def test_conv2d_refuses_a_1d_layout():
+    with pytest.raises(workloads.WorkloadError, match="layout of a 2-D convolution"):
+        workloads.conv2d((1, 9, 3), (3, 3, 4), layout="NWC")
