@@ -139,3 +139,33 @@ def test_rule_reports_every_kernel_under_a_readable_key():
     ((key, plan),) = rule.decided.items()
     assert key.startswith("kernel(4256x4096 float32, 4096x256 float32"), key
     assert plan.policy != "data_parallel" and plan.reason
+
+
+def test_dynamic_token_count_gets_a_run_time_choice():
+    # A symbolic M (a Relax model's token count): one build, Stream-K or data-parallel per M.
+    m = tvm.tirx.Var("m", "int64")
+    pipeline = relax_pipeline(H100)
+    tvm.compile(
+        _mlp(m, 256, 192, epilogue=True), H100, relax_pipeline=pipeline, tir_pipeline="tvm_streamk"
+    )
+    ((key, chosen),) = pipeline.rule.decided.items()
+    assert key.startswith("kernel(mx256 float32, 256x192 float32"), key
+    assert (chosen.policy, chosen.variant) == ("stream_k", "or_data_parallel")
+    assert "Stream-K for the counts" in chosen.reason
+
+
+def test_rule_says_why_per_kernel():
+    # Two run-time extents (M and N): refused with the analysis's reason, keyed by the kernel.
+    m, n = tvm.tirx.Var("m", "int64"), tvm.tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, 64), "float32"))
+    w = relax.Var("w", relax.TensorType((64, n), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, w))
+        bb.emit_func_output(out)
+    pipeline = relax_pipeline(H100)
+    tvm.compile(bb.get(), H100, relax_pipeline=pipeline, tir_pipeline="tvm_streamk")
+    ((key, why),) = pipeline.rule.skipped.items()
+    assert key == "kernel(mx64 float32, 64xn float32, mxn float32)"
+    assert "[runtime-tiles]" in why and "all have run-time extents" in why

@@ -18,7 +18,7 @@ import tvm
 from tvm import tirx
 
 from .._compat import Schedule, dlight, dlight_cuda_target, param_buffers
-from ..analysis import first_site
+from ..analysis import first_site, refusals
 from ..errors import StreamKError
 from ..gpus import UnknownGPUError, num_sms_for_target
 from ..schedule import stream_k
@@ -69,7 +69,7 @@ class StreamKMatmul(dlight.gpu.Matmul):
         name = kernel_key(func, taken=self.skipped.keys() | self.decided.keys())
         block = _stream_k_block(sch)
         if block is None:
-            self.skipped[name] = "no tiled reduction Stream-K can rewrite in dlight's schedule"
+            self.skipped[name] = _why_no_site(sch)
             return sch
         try:
             num_sms = num_sms_for_target(self.config.num_sms, target)
@@ -112,6 +112,17 @@ def kernel_key(func: tirx.PrimFunc, taken=()) -> str:
         n += 1
         key = f"{base}#{n}"
     return key
+
+
+def _why_no_site(sch: Schedule) -> str:
+    """Why no block of dlight's schedule is a Stream-K site: the first reduction's refusal."""
+    (func,) = [f for f in sch.mod.functions.values() if isinstance(f, tirx.PrimFunc)]
+    found = refusals(func)
+    if not found:
+        return "no reduction block in dlight's schedule"
+    block, reason = next(iter(found.items()))
+    more = f" (and {len(found) - 1} more reduction block(s))" if len(found) > 1 else ""
+    return f"block {block!r}: {reason}{more}"
 
 
 def _stream_k_block(sch: Schedule) -> str | None:
