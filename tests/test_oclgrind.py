@@ -182,3 +182,20 @@ def test_documented_handoffs_are_the_only_accepted_reports():
     )
     assert not oclgrind.is_documented_handoff(race("Read-write data race", (5, 6)), source)
     assert not oclgrind.is_documented_handoff(race("Invalid read of size 4", (5,)), source)
+
+
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+@pytest.mark.parametrize("m", [1, 37])
+def test_run_time_tile_count(fixup, m):
+    # One build of a dynamic-M kernel at two M: the grid computed on the host from the run-time
+    # count, the counters sized for it, and the per-block buffers BoundRunTimeAllocations sized
+    # (every access inside them and inside the matrices is checked).
+    func = workloads.gemm("m", 40, 56)
+    sch = workloads.reference_schedule(func, bm=16, bn=16, bk=8, tm=2, tn=2)
+    tvm_streamk.stream_k(
+        sch, "C_update", num_sms=3, blocks_per_sm=1, fixup=fixup, policy="stream_k", target=OPENCL
+    )
+    args = workloads.random_args(sch.mod["main"], m=m)
+    result = oclgrind.check(sch.mod, *args, pipeline="tvm_streamk")
+    ref = workloads.reference(sch.mod["main"], args)
+    assert workloads.relative_error(result.outputs[-1], ref) <= FP32_TOL

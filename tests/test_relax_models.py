@@ -22,16 +22,20 @@ from tvm_streamk import ptxas, workloads
 from tvm_streamk._compat import dlight, param_buffers, structural_walk
 from tvm_streamk.dlight import StreamKMatmul
 
-torch = pytest.importorskip("torch", reason='install the model extras: pip install -e ".[models]"')
-transformers = pytest.importorskip("transformers")
-
 pytestmark = pytest.mark.slow
 
 H100 = tvm.target.Target("nvidia/nvidia-h100")
 TOKENS = (1, 7, 100, 1000, 4097)
 
 
+def _extras():
+    """torch and transformers (a clear skip, where the model extras are not installed)."""
+    why = 'install the model extras: pip install -e ".[test,models]"'
+    return pytest.importorskip("torch", reason=why), pytest.importorskip("transformers", reason=why)
+
+
 def _config(name: str):
+    _, transformers = _extras()
     common = {"vocab_size": 512, "bos_token_id": 0, "eos_token_id": 0}
     if name == "gpt2":
         return transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4, n_positions=8192, **common)
@@ -50,6 +54,7 @@ def _config(name: str):
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def model(request) -> tvm.IRModule:
     """The model's Relax module, its sequence length symbolic."""
+    torch, transformers = _extras()
     from tvm.relax.frontend.torch import from_exported_program
 
     torch.manual_seed(0)

@@ -26,8 +26,9 @@ where that keeps loop extents constant.
 
 from . import data_parallel, hybrid, policy, split_k, stream_k
 from .ops import INT_OPS, DecompositionError, IntOps, Ops
-from .plans import MAX_RUNTIME_SMS, Plan, RuntimeTilesPlan, plan, plan_at_run_time
+from .plans import MAX_RUNTIME_SMS, Plan, plan
 from .policy import Policy, register
+from .run_time import RuntimeTilesPlan, plan_at_run_time
 from .tile_order import tile_order
 
 __all__ = [

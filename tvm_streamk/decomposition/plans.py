@@ -6,7 +6,7 @@ Build plans with :func:`plan`. See :mod:`tvm_streamk.decomposition` for the conv
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -14,7 +14,7 @@ from . import policy as registry
 from .ops import INT_OPS, DecompositionError, Ops, positive_int
 from .policy import Policy
 
-__all__ = ["MAX_RUNTIME_SMS", "Plan", "RuntimeTilesPlan", "plan", "plan_at_run_time"]
+__all__ = ["MAX_RUNTIME_SMS", "Plan", "plan"]
 
 # A grid read from the device at run time (``num_sms="device"``) launches at most this many
 # SMs' worth of blocks: the kernel's index types and the workspace fix-up's slots are sized for
@@ -207,38 +207,6 @@ class Plan:
         object.__setattr__(view, "reason", reason)
         return view
 
-    def at_run_time(
-        self, tiles: Any, grid_bound: int, reason: str = "", variant: str | None = None
-    ) -> RuntimeTilesPlan:
-        """This plan's closed forms on a tile count known only at run time.
-
-        ``tiles`` is an expression (a dynamic-shape kernel's tile count); the kernel launches a
-        grid computed at run time, at most ``grid_bound`` blocks. The view is the lowering's:
-        its :attr:`tiles`, :attr:`iterations`, :attr:`sk_tiles` and :attr:`counter_tiles` are
-        expressions, and what enumerates the work (:attr:`work`, :attr:`split_tiles`) needs
-        ints. Only a policy whose closed forms take a run-time grid (``runtime_grid``) has
-        closed forms on a run-time tile count too; a policy that is the kernel as written
-        (``is_original``) launches one block per tile. ``variant`` picks another variant of the
-        plan's policy for the view (one whose grid only the run time decides).
-        """
-        if not (self.scheme.runtime_grid or self.scheme.is_original):
-            raise DecompositionError(
-                f"a tile count known only at run time with policy={self.policy!r}; only "
-                f"{_spelled(p.name for p in registry.concrete() if p.runtime_grid)} splits a "
-                "run-time count"
-            )
-        view = object.__new__(RuntimeTilesPlan)
-        for f in fields(self):
-            object.__setattr__(view, f.name, getattr(self, f.name))
-        if variant is not None:
-            object.__setattr__(view, "variant", registry.get(self.policy, variant).variant)
-        derived = view.scheme.derived(tiles, self.panels, self.grid, self.splits)
-        grid = {"grid": tiles} if view.scheme.is_original else {}
-        for name, value in {"tiles": tiles, **derived, **grid, "reason": reason}.items():
-            object.__setattr__(view, name, value)
-        object.__setattr__(view, "_grid_bound", grid_bound)
-        return view
-
     @cached_property
     def work(self) -> list[list[Segment]]:
         """Per block, the ``(tile, k_begin, k_end)`` segments in the order the block runs them."""
@@ -287,23 +255,6 @@ class Plan:
     def iterations_per_block(self) -> list[int]:
         """Iterations each block runs, in block order."""
         return [sum(k1 - k0 for _, k0, k1 in segments) for segments in self.work]
-
-
-class RuntimeTilesPlan(Plan):
-    """A :class:`Plan` whose tile count is an expression: made by :meth:`Plan.at_run_time`."""
-
-    _grid_bound: int
-
-    def runtime_grid_bound(self) -> int:
-        """The most blocks the kernel launches (the grid is computed at run time)."""
-        return self._grid_bound
-
-    @property
-    def split_tiles(self) -> tuple[int, ...]:
-        raise DecompositionError(
-            "the split tiles of a run-time tile count are only known at run time; every tile "
-            "may be split"
-        )
 
 
 def _check_plan(p: Plan) -> None:
@@ -456,46 +407,6 @@ def plan(
         reason="requested",
         **fields,
     )
-
-
-def plan_at_run_time(
-    tiles: Any,
-    panels: int,
-    num_sms: int,
-    blocks_per_sm: int = 1,
-    policy: str = "stream_k",
-    runtime_sms: bool = False,
-    variant: str | None = None,
-) -> RuntimeTilesPlan:
-    """The plan of a kernel whose tile count ``tiles`` (an expression) is known only at run time.
-
-    The kernel computes its grid at run time, ``min(num_sms * blocks_per_sm, tiles * panels)``
-    blocks, and evaluates the closed forms of ``policy`` on the run-time count (see
-    :meth:`Plan.at_run_time`). With ``runtime_sms`` the SM count is the device's too, read at
-    run time (``num_sms`` is then 1, and the grid at most ``MAX_RUNTIME_SMS`` SMs' worth).
-    ``data_parallel``'s view is the kernel as written, one block per tile; a ``variant`` of
-    ``policy`` may choose the grid from the run-time count
-    (:class:`tvm_streamk.run_time_choice.StreamKOrDataParallel`).
-    """
-    panels = positive_int("panels", panels, "the number of K-panels per tile")
-    blocks_per_sm = positive_int("blocks_per_sm", blocks_per_sm, "the resident blocks per SM")
-    num_sms = positive_int("num_sms", num_sms, "the SM count of the GPU")
-    rule = _concrete(policy)
-    if not (rule.runtime_grid or rule.is_original):
-        raise DecompositionError(
-            f"a tile count known only at run time with policy={policy!r}; pass policy="
-            f"{_spelled(p.name for p in registry.concrete() if p.runtime_grid or p.is_original)}"
-        )
-    # A stand-in count that fills the largest grid the run time can launch: the plan's grid and
-    # run-time bound are then those of any large enough count.
-    stand_in = max(num_sms, MAX_RUNTIME_SMS) * blocks_per_sm
-    static = plan(stand_in, panels, num_sms, blocks_per_sm, policy)
-    bound = static.runtime_grid_bound() if runtime_sms else static.grid
-    reason = (
-        "the tile count is known only at run time: the kernel computes its grid and work split "
-        "from it"
-    )
-    return static.at_run_time(tiles, bound, reason, variant)
 
 
 def _spelled(names) -> str:

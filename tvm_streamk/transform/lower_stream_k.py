@@ -69,7 +69,7 @@ def plan_for(
     With ``num_sms="device"`` the plan is made for one SM: its closed forms are then evaluated
     with the grid launched at run time. A decision recorded for the compile target's count
     (:data:`~tvm_streamk.annotations.TARGET_SMS`) is planned for ``target``'s. A run-time tile
-    count gives the lowering's view (:meth:`~tvm_streamk.decomposition.Plan.at_run_time`), or
+    count gives the lowering's view (:func:`~tvm_streamk.decomposition.run_time.at_run_time`), or
     with ``sizes`` (the run-time shape variables by name) the plan the kernel runs at them.
     """
     tiles = site.tiles_at(sizes) if sizes is not None and site.runtime_tiles else None
