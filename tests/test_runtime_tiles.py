@@ -288,3 +288,16 @@ def test_heuristic_on_a_run_time_grid_is_refused():
     sch = _reference_kernel()
     with pytest.raises(StreamKError, match=r"num_sms='device' with policy='heuristic'"):
         tvm_streamk.stream_k(sch, "C_update", num_sms="device", policy="heuristic")
+
+
+def test_explain_the_run_time_choice_at_a_size():
+    sch = workloads.reference_schedule(workloads.gemm("m", 40, 256), bm=16, bn=16, bk=8, tm=2, tn=2)
+    tvm_streamk.stream_k(sch, "C_update", num_sms=4, blocks_per_sm=1, policy="heuristic")
+    buckets = run_time_choice.stream_k_buckets(32, 4, 1, "atomic")
+    for m in (20, 1000):
+        tiles = 3 * -(-m // 16)
+        e = tvm_streamk.explain(sch.mod, sizes={"m": m}, print_=False)
+        stream_k = any(lo <= tiles <= hi for lo, hi in buckets)
+        assert e.plan.policy == ("stream_k" if stream_k else "data_parallel"), (m, e.plan)
+        assert e.stats.grid == (min(4, tiles * 32) if stream_k else tiles)
+        assert "bucket" in e.plan.reason

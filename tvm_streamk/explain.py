@@ -314,6 +314,8 @@ def _from_kernel(
     reason = "recorded on the block by tvm_streamk.stream_k"
     if site.runtime_tiles:
         reason += f" for a run-time tile count, here {p.tiles} at {sizes}"
+        if p.reason != "requested":
+            reason += f" ({p.reason})"
     try:
         model = decomposition.plan(
             p.tiles,

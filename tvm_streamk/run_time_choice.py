@@ -169,6 +169,15 @@ class StreamKOrDataParallel(StreamK):
     def candidates(self, tiles, panels, slots):
         return []
 
+    def plan_at_count(self, tiles, panels, num_sms, blocks_per_sm, fixup):
+        buckets = stream_k_buckets(panels, num_sms, blocks_per_sm, fixup)
+        stream_k = any(lo <= tiles <= hi for lo, hi in buckets)
+        chosen = plan(
+            tiles, panels, num_sms, blocks_per_sm, "stream_k" if stream_k else "data_parallel"
+        )
+        which = "a Stream-K bucket" if stream_k else "no Stream-K bucket"
+        return chosen.with_reason(f"{tiles} tiles lie in {which} of the run-time choice")
+
     def run_time_grid(self, p, slots, ops, fixup):
         stream_k = ops.min(slots, p.iterations)
         if p.num_sms is None or p.num_sms == 1 and not isinstance(slots, int):

@@ -140,6 +140,14 @@ class Policy:
         """The block running peer ``peer`` of ``tile``."""
         raise NotImplementedError
 
+    def plan_at_count(
+        self, tiles: int, panels: int, num_sms: int, blocks_per_sm: int, fixup: str
+    ) -> Plan | None:
+        """The plan the kernel of a run-time tile count runs at ``tiles`` tiles, for a policy
+        that decides it only then (None: :func:`~tvm_streamk.decomposition.plan` of this
+        policy is that plan)."""
+        return None
+
     def run_time_grid(self, p: Plan, slots: Any, ops: Ops, fixup: str) -> Any:
         """The grid launched for a tile count known only at run time (``p.tiles``, an
         expression) on ``slots`` resident blocks: never more blocks than iterations."""

@@ -83,6 +83,17 @@ def plan_for(
             runtime_sms=decision.num_sms == ann.DEVICE_SMS,
             variant=decision.variant,
         )
+    if tiles is not None:
+        rule = decomposition.policy.get(decision.policy, decision.variant)
+        chosen = rule.plan_at_count(
+            tiles,
+            site.panels,
+            decision_sms(decision, target),
+            decision.blocks_per_sm,
+            decision.fixup,
+        )
+        if chosen is not None:
+            return chosen
     return decomposition.plan(
         site.tiles if tiles is None else tiles,
         site.panels,
