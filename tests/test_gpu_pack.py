@@ -172,7 +172,11 @@ def test_simt_pack_manifest_is_complete(simt_pack):
     assert {k["plan"]["policy"] for k in manifest["kernels"]} >= {
         "data_parallel", "stream_k", "hybrid", "split_k"
     }  # fmt: skip
-    sanitized = {k["variant"]: k["plan"] for k in manifest["kernels"] if k["sanitize"]}
+    sanitized = {
+        k["variant"]: k["plan"]
+        for k in manifest["kernels"]
+        if k["sanitize"] and k["schedule_source"] == "reference"
+    }
     assert len(sanitized) == 5, sorted(sanitized)
     hybrid = sanitized["hybrid-one_tile"]
     assert 0 < hybrid["sk_tiles"] < hybrid["tiles"], "the sanitized hybrid must be a real hybrid"
@@ -233,7 +237,7 @@ def test_tiny_pack(tiny_pack, numpy_only, stub_libcuda, tmp_path):
     pack_dir, manifest = tiny_pack
     _check_manifest(pack_dir, manifest)
     assert {k["schedule_source"] for k in manifest["kernels"]} == {
-        "reference", "dlight", "dlight_wmma"
+        "reference", "dlight", "dlight_wmma", "dlight_dynamic"
     }  # fmt: skip
     assert sum(k["sanitize"] for k in manifest["kernels"]) >= 6
     _, result = _dry_run(pack_dir, _clean_env(numpy_only, stub_libcuda), tmp_path)
@@ -249,7 +253,30 @@ def test_sweep_shapes():
     assert all(shapes.LOW <= x <= shapes.HIGH for s in randoms for x in (s.m, s.n, s.k))
     assert (128, 128, 65536) in {(s.m, s.n, s.k) for s in sweep}
     assert all(s.suite in kernels.SUITES for s in sweep)
-    assert len(shapes.tiny()) == 3
+    assert len(shapes.tiny()) == 4
+    dynamic = [s for s in sweep if s.run_ms]
+    assert dynamic and all(s.key.startswith("dynM") for s in dynamic)
+    assert {s.suite for s in dynamic} == {"dynamic", "tiny-dynamic"}
+
+
+def test_dynamic_kernel_is_one_library_run_at_every_m(simt_pack):
+    # One build of the symbolic-M dlight kernel per decision, a record per M naming it, with
+    # that M's argument shapes and the plan the kernel runs at that count.
+    _, manifest = simt_pack
+    ((shape,),) = [[s for s in shapes.tiny() if s.run_ms]]
+    dynamic = [k for k in manifest["kernels"] if k["schedule_source"] == "dlight_dynamic"]
+    by_variant: dict = {}
+    for record in dynamic:
+        by_variant.setdefault(record["variant"], []).append(record)
+    assert set(by_variant) == {v.name for v in kernels.SUITES["tiny-dynamic"]}
+    for variant, records in by_variant.items():
+        assert [r["shape"]["m"] for r in records] == list(shape.run_ms), variant
+        assert len({(r["file"], r["cubin"], r["source_sha256"]) for r in records}) == 1, variant
+        tiles = [r["plan"]["tiles"] for r in records]
+        assert tiles == sorted(tiles) and tiles[0] < tiles[-1], (variant, tiles)
+    heuristic = {r["shape"]["m"]: r["plan"]["policy"] for r in by_variant["heuristic"]}
+    assert set(heuristic.values()) <= {"stream_k", "data_parallel"}
+    assert sum(r["sanitize"] for r in dynamic) == 1
 
 
 def _synthetic_results(manifest: dict) -> dict:
@@ -284,7 +311,11 @@ def test_report_renders_synthetic_results(simt_pack, tmp_path):
         assert heading in text, heading
     # 2 ms data-parallel against 1 + 0.1 * blocks_per_sm ms, and a quarter of cuBLAS's 0.5 ms
     # at data-parallel.
-    (atomic,) = [k for k in manifest["kernels"] if k["variant"] == "stream_k-atomic"]
+    (atomic,) = [
+        k
+        for k in manifest["kernels"]
+        if k["variant"] == "stream_k-atomic" and k["schedule_source"] == "reference"
+    ]
     expected = f"{2.0 / (1.0 + 0.1 * atomic['plan']['blocks_per_sm']):.3g}"
     row = next(line for line in text.splitlines() if "| reference | stream_k-atomic |" in line)
     assert f"| {expected} |" in row, row

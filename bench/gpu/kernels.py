@@ -27,6 +27,7 @@ from tvm_streamk import annotations as ann
 from tvm_streamk import cost_model, decomposition, resources, workloads
 from tvm_streamk._compat import Schedule, dlight, dlight_cuda_target
 from tvm_streamk.analysis import first_site
+from tvm_streamk.transform.lower_stream_k import plan_for
 
 TARGET = "nvidia/nvidia-h100"
 NUM_SMS = 132
@@ -74,6 +75,7 @@ SANITIZED = {
     ("reference", "split_k"),
     ("reference", "stream_k-device"),
     ("dlight_wmma", "split_k"),
+    ("dlight_dynamic", "stream_k-workspace"),
 }
 
 
@@ -85,6 +87,13 @@ def _variants(source: str, decisions: dict, sanitize: bool = False) -> list[Vari
     return out
 
 
+# A dynamic-M kernel: the run-time choice, Stream-K with either fix-up (one build each).
+DYNAMIC_DECISIONS = {
+    "heuristic": {"policy": "heuristic"},
+    "stream_k-atomic": {"policy": "stream_k", "fixup": "atomic"},
+    "stream_k-workspace": {"policy": "stream_k", "fixup": "workspace"},
+}
+
 SUITES = {
     # The sweep: the schedule a user gets from dlight, and what the heuristic makes of it.
     "sweep": _variants("dlight", {"heuristic": SIMT_DECISIONS["heuristic"]}),
@@ -94,6 +103,8 @@ SUITES = {
     "tiny-reference": _variants("reference", SIMT_DECISIONS, sanitize=True),
     "tiny-dlight": _variants("dlight", {"heuristic": SIMT_DECISIONS["heuristic"]}),
     "tiny-wmma": _variants("dlight_wmma", {"split_k": WMMA_DECISIONS["split_k"]}, sanitize=True),
+    "dynamic": _variants("dlight_dynamic", DYNAMIC_DECISIONS),
+    "tiny-dynamic": _variants("dlight_dynamic", DYNAMIC_DECISIONS, sanitize=True),
 }
 
 
@@ -101,8 +112,9 @@ class PackBuildError(RuntimeError):
     """A kernel of the pack could not be scheduled, built or compiled to a cubin."""
 
 
-def _dlight_matmul(m: int, n: int, k: int, dtype: str, target) -> tvm.tirx.PrimFunc:
-    """dlight's schedule of ``matmul(a[m, k], b[k, n])`` as a Relax model gets it."""
+def _dlight_matmul(m, n: int, k: int, dtype: str, target) -> tvm.tirx.PrimFunc:
+    """dlight's schedule of ``matmul(a[m, k], b[k, n])`` as a Relax model gets it (``m`` an
+    int, or a ``tirx.Var`` for a symbolic M)."""
     mod = workloads.relax_matmul(m, n, k, dtype)
     # As the project's dlight rule sees sm_90a: the tensor-core schedule of sm_90.
     with dlight_cuda_target(target):
@@ -115,6 +127,8 @@ def schedule(source: str, m: int, n: int, k: int, target) -> Schedule:
     """A fresh data-parallel schedule of the GEMM from ``source``."""
     if source == "reference":
         return workloads.reference_schedule(workloads.gemm(m, n, k), **REFERENCE_TILE)
+    if source == "dlight_dynamic":
+        return Schedule(_dlight_matmul(tvm.tirx.Var("m", "int64"), n, k, "float32", target))
     dtype = {"dlight": "float32", "dlight_wmma": "float16"}[source]
     return Schedule(_dlight_matmul(m, n, k, dtype, target))
 
@@ -151,6 +165,58 @@ def _fixup_of(sch: Schedule, block: str) -> str | None:
     return ann.decode(annotations, block).fixup
 
 
+def _record(
+    variant,
+    mnk,
+    args,
+    output,
+    site,
+    fixup,
+    p,
+    dp_plan,
+    target,
+    source,
+    predicted_plan=None,
+    runtime_grid=False,
+) -> dict:
+    """The manifest record of one kernel at one shape (module docstring of ``run.py``)."""
+    m, n, k = mnk
+    predicted_plan = p if predicted_plan is None else predicted_plan
+    return {
+        "name": f"{m}x{n}x{k}-{variant.label}",
+        "shape": {"m": m, "n": n, "k": k},
+        "dtypes": {"a": args[0]["dtype"], "b": args[1]["dtype"], "c": args[output]["dtype"]},
+        "acc_dtype": str(site.accumulator.dtype),
+        "schedule_source": variant.source,
+        "variant": variant.name,
+        "decision": dict(variant.decision or {}),
+        "fixup": fixup,
+        "runtime_grid": runtime_grid,
+        "plan": _plan_record(p),
+        "data_parallel_plan": _plan_record(dp_plan),
+        "predicted_units": cost_model.predicted_time(predicted_plan, fixup=fixup or "workspace"),
+        "predicted_dp_units": cost_model.predicted_time(dp_plan),
+        "target": str(target.attrs.get("tag", "") or TARGET),
+        "arch": str(target.attrs["arch"]),
+        "entry": "main",
+        "args": args,
+        "output_index": output,
+        "source_sha256": hashlib.sha256(source.encode()).hexdigest(),
+        "sanitize": variant.sanitize,
+    }
+
+
+def _prepare(variant: Variant, m: int, n: int, k: int, target):
+    """``(schedule, site, block, function, data-parallel blocks per SM)``, or None without a
+    site. The data-parallel kernel's resident blocks give the baseline's plan."""
+    sch = schedule(variant.source, m, n, k, target)
+    site = first_site(sch.mod["main"])
+    if site is None:
+        return None
+    _, dp_occupancy = resources.resident_blocks(sch.mod, target)
+    return sch, site, site.block.name_hint, sch.mod["main"], max(1, dp_occupancy.blocks)
+
+
 def build(variant: Variant, m: int, n: int, k: int, target=TARGET, num_sms: int = NUM_SMS):
     """``(library, cubin bytes, record)`` of one kernel, or None where the source does not apply.
 
@@ -159,17 +225,11 @@ def build(variant: Variant, m: int, n: int, k: int, target=TARGET, num_sms: int 
     plan, and the cost model's predicted time in units of one tile's K-panel iteration).
     """
     target = tvm.target.Target(target)
-    sch = schedule(variant.source, m, n, k, target)
-    site = first_site(sch.mod["main"])
-    if site is None:
+    prepared = _prepare(variant, m, n, k, target)
+    if prepared is None:
         return None
-    block = site.block.name_hint
-    func = sch.mod["main"]
-    # The data-parallel kernel's resident blocks: the baseline's plan and predicted time.
-    _, dp_occupancy = resources.resident_blocks(sch.mod, target)
-    dp_plan = decomposition.plan(
-        site.tiles, site.panels, num_sms, max(1, dp_occupancy.blocks), "data_parallel"
-    )
+    sch, site, block, func, dp_bps = prepared
+    dp_plan = decomposition.plan(site.tiles, site.panels, num_sms, dp_bps, "data_parallel")
     fixup = None
     if variant.decision is None:
         p = dp_plan
@@ -191,26 +251,59 @@ def build(variant: Variant, m: int, n: int, k: int, target=TARGET, num_sms: int 
         predicted_plan = p
     args = _args(func)
     output = [a["name"] for a in args].index(site.writebacks[-1].output.name)
-    record = {
-        "name": f"{m}x{n}x{k}-{variant.label}",
-        "shape": {"m": m, "n": n, "k": k},
-        "dtypes": {"a": args[0]["dtype"], "b": args[1]["dtype"], "c": args[output]["dtype"]},
-        "acc_dtype": str(site.accumulator.dtype),
-        "schedule_source": variant.source,
-        "variant": variant.name,
-        "decision": {key: value for key, value in (variant.decision or {}).items()},
-        "fixup": fixup,
-        "runtime_grid": runtime_grid,
-        "plan": _plan_record(p),
-        "data_parallel_plan": _plan_record(dp_plan),
-        "predicted_units": cost_model.predicted_time(predicted_plan, fixup=fixup or "workspace"),
-        "predicted_dp_units": cost_model.predicted_time(dp_plan),
-        "target": str(target.attrs.get("tag", "") or TARGET),
-        "arch": arch,
-        "entry": "main",
-        "args": args,
-        "output_index": output,
-        "source_sha256": hashlib.sha256(source.encode()).hexdigest(),
-        "sanitize": variant.sanitize,
-    }
+    record = _record(
+        variant,
+        (m, n, k),
+        args,
+        output,
+        site,
+        fixup,
+        p,
+        dp_plan,
+        target,
+        source,
+        predicted_plan=predicted_plan,
+        runtime_grid=runtime_grid,
+    )
     return lib, binary, record
+
+
+def build_dynamic(variant: Variant, n: int, k: int, run_ms, target=TARGET, num_sms: int = NUM_SMS):
+    """``(library, cubin bytes, records)`` of one dynamic-M kernel (a symbolic M), built once:
+    one record per M of ``run_ms``, each with that M's argument shapes and plan (what the
+    kernel runs at that count), all naming the same library; None where no site is found."""
+    target = tvm.target.Target(target)
+    prepared = _prepare(variant, 0, n, k, target)
+    if prepared is None:
+        return None
+    sch, site, block, func, dp_bps = prepared
+    fixup = None
+    decision = None
+    if variant.decision is not None:
+        tvm_streamk.stream_k(sch, block, target=target, num_sms=num_sms, **variant.decision)
+        fixup = _fixup_of(sch, block)
+        decision = ann.decode(sch.get(sch.get_sblock(block)).annotations, block)
+    lib = tvm.compile(sch.mod, target=target, tir_pipeline="tvm_streamk")
+    source = lib.mod.imports[0].inspect_source()
+    arch = str(target.attrs["arch"])
+    binary = cubin(source, arch)
+    output = [buf.name for buf in func.params].index(site.writebacks[-1].output.name)
+    records = []
+    for m in run_ms:
+        tiles = site.tiles_at({"m": m})
+        dp_plan = decomposition.plan(tiles, site.panels, num_sms, dp_bps, "data_parallel")
+        p = dp_plan if decision is None else plan_for(site, decision, target, {"m": m})
+        args = [
+            {
+                "name": buf.name,
+                "shape": [m if not isinstance(x, tvm.tirx.IntImm) else int(x) for x in buf.shape],
+                "dtype": str(buf.dtype),
+            }
+            for buf in func.params
+        ]
+        record = _record(variant, (m, n, k), args, output, site, fixup, p, dp_plan, target, source)
+        record["runtime_m"] = True
+        # compute-sanitizer checks the first M's run (one launch of the library is enough).
+        record["sanitize"] = variant.sanitize and m == run_ms[0]
+        records.append(record)
+    return lib, binary, records

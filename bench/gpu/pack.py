@@ -46,22 +46,29 @@ def _build_one(task: tuple) -> dict:
     try:
         from bench.gpu import kernels
 
-        built = kernels.build(variant, shape.m, shape.n, shape.k)
+        if shape.run_ms:
+            built = kernels.build_dynamic(variant, shape.n, shape.k, shape.run_ms)
+        else:
+            built = kernels.build(variant, shape.m, shape.n, shape.k)
         if built is None:
             return {"skipped": f"{shape.key}-{variant.label}", "why": "no Stream-K-able block"}
-        lib, binary, record = built
-        name = record["name"]
+        lib, binary, records = built
+        records = records if isinstance(records, list) else [records]
+        # A dynamic-M kernel is one library for all of its records.
+        name = f"{shape.key}-{variant.label}" if shape.run_ms else records[0]["name"]
         lib.export_library(str(Path(kernels_dir) / f"{name}.so"))
         (Path(kernels_dir) / f"{name}.cubin").write_bytes(binary)
-        record.update(
-            file=f"kernels/{name}.so",
-            cubin=f"kernels/{name}.cubin",
-            shape_class=shape.cls,
-            suite=shape.suite,
-            note=shape.note,
-            build_seconds=round(time.perf_counter() - start, 2),
-        )
-        return record
+        for record in records:
+            record.update(
+                task=f"{shape.key}-{variant.label}",
+                file=f"kernels/{name}.so",
+                cubin=f"kernels/{name}.cubin",
+                shape_class=shape.cls,
+                suite=shape.suite,
+                note=shape.note,
+                build_seconds=round(time.perf_counter() - start, 2),
+            )
+        return {"records": records} if shape.run_ms else records[0]
     except Exception as err:  # noqa: BLE001 - one failed kernel must not stop the pack
         return {
             "failed": f"{shape.key}-{variant.label}",
@@ -85,6 +92,10 @@ def _progress(done: int, total: int, result: dict, started: float) -> str:
     elapsed = time.perf_counter() - started
     eta = elapsed / done * (total - done)
     head = f"[{done}/{total} {elapsed:6.0f}s eta {eta:5.0f}s]"
+    if "records" in result:
+        first = result["records"][0]
+        ms = ", ".join(str(r["shape"]["m"]) for r in result["records"])
+        return f"{head} {first['task']}: one build, run at m = {ms} ({first['build_seconds']:.1f}s)"
     if "failed" in result:
         return f"{head} FAILED {result['failed']}: {result['error'].splitlines()[0][:160]}"
     if "skipped" in result:
@@ -131,14 +142,14 @@ def build_pack(
         futures = [pool.submit(_build_one, task) for task in tasks]
         for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
             result = future.result()
-            results.append(result)
+            results.extend(result["records"] if "records" in result else [result])
             log(_progress(done, len(tasks), result, started))
     order = {f"{s.key}-{v.label}": i for i, (s, v, _) in enumerate(tasks)}
 
     def position(r: dict) -> int:
         return order.get(r.get("failed") or r.get("skipped"), -1)
 
-    records = sorted((r for r in results if "name" in r), key=lambda r: order[_task_key(r)])
+    records = sorted((r for r in results if "name" in r), key=lambda r: order[r["task"]])
     runtime = runtime_bundle.bundle(out / "runtime", python, wheel_dir)
     fallback = out / "runtime-fallback"
     fallback.mkdir()
@@ -172,11 +183,6 @@ def archive(out: Path) -> Path:
     with tarfile.open(path, "w:gz", compresslevel=9) as tar:
         tar.add(out, arcname=out.name)
     return path
-
-
-def _task_key(record: dict) -> str:
-    shape = record["shape"]
-    return f"{shape['m']}x{shape['n']}x{shape['k']}-{record['schedule_source']}-{record['variant']}"
 
 
 def main(argv=None) -> int:

@@ -45,10 +45,12 @@ class Shape:
     cls: str
     suite: str
     note: str = ""
+    # A dynamic-M kernel: built once with a symbolic M (``m`` is then 0), run at each of these.
+    run_ms: tuple[int, ...] = ()
 
     @property
     def key(self) -> str:
-        return f"{self.m}x{self.n}x{self.k}"
+        return f"{'dynM' if self.run_ms else self.m}x{self.n}x{self.k}"
 
 
 def _log_uniform(rng: random.Random) -> int:
@@ -124,16 +126,32 @@ def sweep() -> list[Shape]:
     shapes first, then the classes taken in turn, so that a run trimmed by its time budget
     still covers every class."""
     classes = [wave_shapes(), long_k_shapes(), model_shapes(), random_shapes()]
-    return _unique(tiny() + focus_shapes() + _round_robin(classes))
+    return _unique(tiny() + focus_shapes() + dynamic_shapes() + _round_robin(classes))
+
+
+def dynamic_shapes(tokens=TOKENS) -> list[Shape]:
+    """Dynamic-M kernels of the models' matmuls, each built once and run at every token count
+    (a Relax model with a symbolic sequence length compiles each matmul once)."""
+    picked = [("gpt2", "fc"), ("llama2-7b", "o"), ("llama2-7b", "down")]
+    out = []
+    for model, name in picked:
+        k, n = next((k, n) for mm, k, n in MODELS[model] if mm == name)
+        note = f"{model} {name}, symbolic tokens"
+        out.append(Shape(0, n, k, "model-dynamic", "dynamic", note, tuple(tokens)))
+    return out
 
 
 def tiny() -> list[Shape]:
-    """Three shapes for CI: one suite each, small enough to build in a minute on 2 cores."""
+    """Four shapes for CI: one suite each, small enough to build in a minute or two on 2 cores."""
     return [
         # 12 x 12 tiles of 64 x 64: one more than a wave of 132 blocks, 12 tiles left over.
         Shape(768, 768, 1024, "focus", "tiny-reference", "every decomposition, reference"),
         Shape(256, 256, 8192, "long-k", "tiny-dlight", "dlight fp32"),
         Shape(512, 384, 1024, "focus", "tiny-wmma", "dlight fp16 tensor cores"),
+        # One build of a dynamic-M dlight kernel, run at 1, 100 and 4097 rows.
+        Shape(
+            0, 768, 3072, "model-dynamic", "tiny-dynamic", "dlight fp32, symbolic M", (1, 100, 4097)
+        ),
     ]
 
 
