@@ -156,6 +156,8 @@ class StreamKOrDataParallel(StreamK):
     rank = 45
     # The data-parallel grid is one block per tile, more than the resident blocks.
     persistent = False
+    # The buckets are sized by the SM count: it must be known at compile time.
+    runtime_grid = False
 
     def label(self, p):
         return "stream_k or data_parallel"
@@ -180,11 +182,6 @@ class StreamKOrDataParallel(StreamK):
 
     def run_time_grid(self, p, slots, ops, fixup):
         stream_k = ops.min(slots, p.iterations)
-        if p.num_sms is None or p.num_sms == 1 and not isinstance(slots, int):
-            raise DecompositionError(
-                "policy stream_k(or_data_parallel) sizes its buckets by the SM count, found a "
-                "count read at run time; pass num_sms"
-            )
         buckets = stream_k_buckets(p.panels, p.num_sms, p.blocks_per_sm, fixup)
         if not buckets:
             return p.tiles

@@ -113,11 +113,16 @@ class StreamKSite:
 
     @property
     def tile_count(self):
-        """The tile count: an int, or an expression of the run-time extent."""
+        """The tile count: an int, or an int64 expression of the run-time extent (the type the
+        closed forms of a run-time count are evaluated in)."""
         if not self.runtime_tiles:
             return self.tiles
         count = None
         for extent in self.band_extents:
+            if isinstance(extent, int):
+                extent = tirx.IntImm("int64", extent)
+            elif dtype_of(extent) != "int64":
+                extent = tirx.Cast("int64", extent)
             count = extent if count is None else count * extent
         return count
 

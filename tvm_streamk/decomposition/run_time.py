@@ -97,6 +97,11 @@ def plan_at_run_time(
             f"a tile count known only at run time with policy={policy!r}; pass policy="
             f"{_spelled(p.name for p in registry.concrete() if p.runtime_grid or p.is_original)}"
         )
+    if runtime_sms and variant is not None and not registry.get(policy, variant).runtime_grid:
+        raise DecompositionError(
+            f"policy {policy}({variant}) needs the SM count at compile time, found a count read "
+            "at run time; pass num_sms"
+        )
     # A stand-in count that fills the largest grid the run time can launch: the plan's grid and
     # run-time bound are then those of any large enough count.
     stand_in = max(num_sms, MAX_RUNTIME_SMS) * blocks_per_sm

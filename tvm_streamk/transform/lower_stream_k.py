@@ -75,7 +75,7 @@ def plan_for(
     tiles = site.tiles_at(sizes) if sizes is not None and site.runtime_tiles else None
     if site.runtime_tiles and tiles is None:
         return decomposition.plan_at_run_time(
-            run_time_tile_count(site),
+            site.tile_count,
             site.panels,
             decision_sms(decision, target),
             decision.blocks_per_sm,
@@ -103,15 +103,6 @@ def plan_for(
         splits=decision.splits if decomposition.policy.get(decision.policy).takes_splits else None,
         variant=decision.variant,
     )
-
-
-def run_time_tile_count(site: StreamKSite) -> tirx.Expr:
-    """The tile count of a band with a run-time extent, in the closed forms' type (int64)."""
-    count = None
-    for extent in site.band_extents:
-        e = cast_to("int64", int_imm(extent, "int64") if isinstance(extent, int) else extent)
-        count = e if count is None else count * e
-    return count
 
 
 def decision_sms(decision: ann.Decision, target: tvm.target.Target | None) -> int:
@@ -225,8 +216,9 @@ def _bind_runtime_grid(grid: tirx.Var, plan, decision, body: tirx.Stmt, target) 
     a register it then spilled (4 to 56 bytes).
     """
     dtype = dtype_of(grid)
-    slots = cast_to(dtype, device_sms.placeholder() * decision.blocks_per_sm)
-    if decision.num_sms != ann.DEVICE_SMS:
+    if decision.num_sms == ann.DEVICE_SMS:
+        slots = cast_to(dtype, device_sms.placeholder() * decision.blocks_per_sm)
+    else:
         slots = int_imm(plan.runtime_grid_bound(), dtype)
     truncate = target is not None and target.kind.name == "opencl"
 
