@@ -199,3 +199,22 @@ def test_run_time_tile_count(fixup, m):
     result = oclgrind.check(sch.mod, *args, pipeline="tvm_streamk")
     ref = workloads.reference(sch.mod["main"], args)
     assert workloads.relative_error(result.outputs[-1], ref) <= FP32_TOL
+
+
+@pytest.mark.parametrize(
+    ("policy", "fixup"),
+    [("data_parallel", "atomic"), ("stream_k", "atomic"), ("stream_k", "workspace")],
+)
+def test_grouped_gemm(policy, fixup):
+    # Uneven and empty groups: the group tile offsets written by the prologue kernel, searched
+    # by every tile, the row guards of the views, the counters sized by the tile bound.
+    counts = [9, 0, 20, 0, 3]
+    func = workloads.grouped_gemm(len(counts), 24, 24)
+    sch = workloads.reference_schedule(func, bm=8, bn=8, bk=8, tm=2, tn=2)
+    tvm_streamk.stream_k(
+        sch, "C_update", num_sms=3, blocks_per_sm=1, fixup=fixup, policy=policy, target=OPENCL
+    )
+    args = workloads.grouped_args(counts, 24, 24, rng=np.random.default_rng(3))
+    result = oclgrind.check(sch.mod, *args, pipeline="tvm_streamk")
+    ref = workloads.grouped_reference(*args[:3])
+    assert workloads.relative_error(result.outputs[-1], ref) <= FP32_TOL

@@ -24,6 +24,7 @@ _LAZY = (
     "decomposition",
     "device",
     "gpus",
+    "moe",
     "pipeline",
     "pocl",
     "transform",

@@ -304,6 +304,12 @@ def _from_kernel(
         )
     # The decision records a concrete policy, so the plan rebuilt from it has no reason of its
     # own. When the cost model picks the same plan today, its reasoning is the likely origin.
+    if site.ragged is not None and sizes is None:
+        raise ExplainError(
+            f"block {block_name!r} is a grouped GEMM, whose tile count the kernel reads from "
+            f"its group offsets; pass sizes={{'group_rows': [...]}} (the rows of each of its "
+            f"{site.ragged.groups} groups) to explain it at one routing"
+        )
     if site.runtime_tiles and sizes is None:
         raise ExplainError(
             f"block {block_name!r} has a tile count known only at run time "

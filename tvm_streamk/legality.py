@@ -9,6 +9,7 @@ MetaSchedule annotation.
 
 from __future__ import annotations
 
+from .analysis.ragged import COND_RAGGED
 from .decomposition import policy as policies
 from .errors import StreamKError
 
@@ -88,6 +89,32 @@ def check_runtime_tiles(site, policy: str, group: int | None, where: str = "") -
             COND_RUNTIME_TILES,
             f"group={group} with {found}",
             "Drop group: the grouped order needs compile-time tile extents.",
+        )
+
+
+def check_ragged(site, policy: str, where: str = "") -> None:
+    """Refuse a decision a grouped GEMM cannot take.
+
+    Its tile count is read on the device (:mod:`tvm_streamk.analysis.ragged`), so only a fixed
+    persistent grid can walk it: ``stream_k`` (which ``heuristic`` becomes), or the kernel as
+    written (``data_parallel``: a tile per group for the largest group's every row tile).
+    """
+    if site.ragged is None:
+        return
+    on = f" of block {where!r}" if where else ""
+    if policy not in ("stream_k", "data_parallel", "heuristic"):
+        raise StreamKError(
+            COND_RAGGED,
+            f"policy={policy!r} for the grouped GEMM{on}, whose tile count only the device knows",
+            "Pass policy='stream_k' (or 'heuristic', which takes it), or 'data_parallel' for the "
+            "padded kernel as written.",
+        )
+    if site.fragment_accumulator and policy != "data_parallel":
+        raise StreamKError(
+            COND_RAGGED,
+            f"a tensor-core fragment accumulator in the grouped GEMM{on}",
+            "Fragments take only aligned splits fixed at compile time: use policy="
+            "'data_parallel', or accumulate in registers.",
         )
 
 

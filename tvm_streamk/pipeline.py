@@ -1,7 +1,8 @@
 """The ``tvm_streamk`` TIR pipeline: TVM's default ``s_tir`` pipeline behind ``LowerStreamK``.
 
-``LowerStreamK`` runs first, while the IR still has blocks, ``T.init`` and iteration variables;
-everything after it (thread syncs, storage planning, host/device split) is TVM's own, except
+``LowerStreamK`` runs first, while the IR still has blocks, ``T.init`` and iteration variables,
+then ``LowerRaggedViews`` (a grouped GEMM's view accesses); everything after them (thread syncs,
+storage planning, host/device split) is TVM's own, except
 ``BoundRunTimeAllocations`` (per-block buffers of a dynamic-shape kernel at their compile-time
 bound) and ``ResolveDeviceSMs`` at the end, which needs the device ``MakePackedAPI`` defines.
 
@@ -22,11 +23,13 @@ from ._compat import (
     structural_walk,
 )
 from ._compat import target as as_target
+from .analysis.ragged import RAGGED_ATTR
 from .errors import StreamKError
 from .transform import LowerStreamK
 from .transform.bound_allocations import BoundRunTimeAllocations
 from .transform.device_sms import ResolveDeviceSMs
 from .transform.lower_stream_k import annotated_blocks
+from .transform.ragged_views import LowerRaggedViews
 
 NAME = "tvm_streamk"
 BASE = "s_tir"
@@ -90,7 +93,7 @@ def stream_k_pipeline():
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_streamk.pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        lowered = _with_safe_reuse(LowerStreamK()(mod), base)
+        lowered = _with_safe_reuse(LowerRaggedViews()(LowerStreamK()(mod)), base)
         return ResolveDeviceSMs()(BoundRunTimeAllocations(lowered))
 
     return _pipeline, finalize_host, finalize_device
@@ -105,6 +108,13 @@ def refuse_unlowered(mod: tvm.IRModule, pipeline: str) -> None:
     for gvar, func in mod.functions.items():
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
+        if func.attrs is not None and RAGGED_ATTR in func.attrs:
+            raise StreamKError(
+                COND_PIPELINE,
+                f"{gvar.name_hint!r} is a grouped GEMM written over ragged views, and the "
+                f"{pipeline!r} TIR pipeline does not lower them",
+                f"Build with tir_pipeline={NAME!r} (tvm.compile, relax.build).",
+            )
         names = annotated_blocks(func)
         if names:
             raise StreamKError(
@@ -163,4 +173,4 @@ def lower(mod, target) -> tvm.IRModule:
     if target.host is None:
         target = target.with_host("llvm")
     mod = tvm.tirx.transform.BindTarget(target)(_as_module(mod))
-    return LowerStreamK()(mod)
+    return LowerRaggedViews()(LowerStreamK()(mod))

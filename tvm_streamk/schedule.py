@@ -14,6 +14,7 @@ from .legality import (
     check_fragment_plan,
     check_group,
     check_one_panel_loop,
+    check_ragged,
     check_runtime_grid,
     check_runtime_tiles,
 )
@@ -183,6 +184,7 @@ def stream_k(
         fixup = "workspace" if deterministic else _auto_fixup(site, target)
     check_fixup(site, fixup, target)
     check_group(group, site.band_extents)
+    check_ragged(site, policy)
     check_runtime_tiles(site, policy, group)
     device_mode = num_sms == "device"
     recorded_sms = None
@@ -348,6 +350,16 @@ def _run_time_plan(site: StreamKSite, sms: int, bps: int, policy: str, device_mo
     """The plan of a run-time tile count: ``heuristic`` becomes Stream-K or data-parallel
     chosen per tile count when the kernel runs (:mod:`tvm_streamk.run_time_choice`), or
     data-parallel for a tensor-core fragment (whose splits are fixed at compile time)."""
+    if site.ragged is not None and policy != "data_parallel":
+        chosen = decomposition.plan_at_run_time(
+            site.tile_count, site.panels, sms, bps, "stream_k", runtime_sms=device_mode
+        )
+        return chosen.with_reason(
+            "Stream-K over the grouped GEMM's tiles: their count is known only on the device, "
+            "so the grid is the persistent one and the kernel reads the count from the group "
+            "offsets (the kernel as written launches a tile per group for the largest group's "
+            "every row tile)"
+        )
     if policy != "heuristic":
         return decomposition.plan_at_run_time(
             site.tile_count, site.panels, sms, bps, policy, runtime_sms=device_mode

@@ -23,6 +23,7 @@ from .._compat import (
     structural_walk,
 )
 from ..errors import StreamKError
+from .ragged import COND_RAGGED, RAGGED_ATTR, RAGGED_SCOPE, RaggedSpace, ragged_space, ragged_views
 from .site import (
     COND_ACCUMULATOR,
     COND_ATOMIC,
@@ -46,11 +47,15 @@ __all__ = [
     "COND_BLOCK",
     "COND_EPILOGUE",
     "COND_PANEL",
+    "COND_RAGGED",
     "COND_REDUCTION",
     "COND_RUNTIME_TILES",
     "COND_WRITEBACK",
     "FRAGMENT_SCOPES",
+    "RAGGED_ATTR",
+    "RAGGED_SCOPE",
     "REGISTER_SCOPES",
+    "RaggedSpace",
     "StreamKSite",
     "WriteBack",
     "analyze",
@@ -58,6 +63,7 @@ __all__ = [
     "blocks_under",
     "find_block_path",
     "first_site",
+    "ragged_views",
     "is_reduction",
     "refusals",
     "sblock_rv",
@@ -317,6 +323,9 @@ def analyze(func: tirx.PrimFunc, block_name: str) -> StreamKSite:
             "reverse_compute_at under the thread loops).",
         )
     _check_accumulator_private(func, band, acc)
+    ragged = ragged_space(
+        func, tuple(band), writebacks, lambda b: find_block_path(func, b.name_hint)[-1]
+    )
     return StreamKSite(
         block=block,
         band=tuple(band),
@@ -327,6 +336,7 @@ def analyze(func: tirx.PrimFunc, block_name: str) -> StreamKSite:
         has_init=block.init is not None,
         stage=stage,
         panel_chain=chain,
+        ragged=ragged,
     )
 
 
@@ -574,7 +584,7 @@ def _writeback(block: SBlock, acc: tirx.Buffer) -> WriteBack:
             "The write-back must be one store of the tile to a global buffer.",
         )
     out = body.buffer
-    if out.scope() != "global":
+    if out.scope() not in ("global", RAGGED_SCOPE):
         raise StreamKError(
             COND_WRITEBACK,
             f"write-back block {block.name_hint!r} stores to {out.name} in scope {out.scope()!r}",

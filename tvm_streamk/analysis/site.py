@@ -53,6 +53,8 @@ class StreamKSite:
     # The panel loop and the serial loops perfectly nested in it that iterate further reduction
     # axes (a convolution's rh, rw, rc): the K-panel loop is their fusion (see _panel_chain).
     panel_chain: tuple[tirx.For, ...] = ()
+    # A grouped GEMM's tile space (``analysis.ragged``): its tile count is read on the device.
+    ragged: object | None = None
 
     @property
     def merged(self) -> tirx.Buffer:
@@ -62,7 +64,9 @@ class StreamKSite:
     @property
     def runtime_tiles(self) -> bool:
         """Whether a band loop's extent (so the tile count) is only known at run time."""
-        return any(not isinstance(loop.extent, tirx.IntImm) for loop in self.band)
+        return self.ragged is not None or any(
+            not isinstance(loop.extent, tirx.IntImm) for loop in self.band
+        )
 
     @property
     def band_extents(self) -> tuple:
@@ -87,6 +91,17 @@ class StreamKSite:
         """The tile count when the run-time extents' variables take ``sizes`` (by name)."""
         if not self.runtime_tiles:
             return self.tiles
+        if self.ragged is not None:
+            rows = sizes.get("group_rows")
+            if rows is None or len(rows) != self.ragged.groups:
+                raise StreamKError(
+                    COND_RUNTIME_TILES,
+                    "a grouped GEMM, whose tile count the kernel reads from its group offsets, "
+                    f"with sizes {sizes}",
+                    f"Pass sizes={{'group_rows': [...]}}, the rows of each of its "
+                    f"{self.ragged.groups} groups.",
+                )
+            return self.ragged.tiles_for(rows)
         free: dict = {}
 
         def visit(v) -> None:
@@ -114,9 +129,12 @@ class StreamKSite:
     @property
     def tile_count(self):
         """The tile count: an int, or an int64 expression of the run-time extent (the type the
-        closed forms of a run-time count are evaluated in)."""
+        closed forms of a run-time count are evaluated in). A grouped GEMM's is the variable
+        its kernels bind to the count they read on the device."""
         if not self.runtime_tiles:
             return self.tiles
+        if self.ragged is not None:
+            return self.ragged.tiles
         count = None
         for extent in self.band_extents:
             if isinstance(extent, int):

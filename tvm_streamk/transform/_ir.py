@@ -138,7 +138,8 @@ def opaque_block(name: str, body, reads=(), writes=(), predicate=True) -> SBlock
 def whole(buffer: tirx.Buffer):
     """The region of all of ``buffer``."""
     return tvm.tirx.BufferRegion(
-        buffer, [tvm.ir.Range.from_min_extent(0, extent) for extent in buffer.shape]
+        buffer,
+        [tvm.ir.Range.from_min_extent(int_imm(0, dtype_of(e)), e) for e in buffer.shape],
     )
 
 
@@ -195,7 +196,7 @@ def opaque_bind(
     return tirx.min(tirx.max(bound, int_imm(low, dtype)), int_imm(high, dtype)), stmts
 
 
-def over_units(plan: decomposition.Plan, b, make_body, grid=None) -> tirx.Stmt:
+def over_units(plan: decomposition.Plan, b, make_body, grid=None, idle=False) -> tirx.Stmt:
     """``make_body(lo, hi, may_be_empty)`` for every unit range ``[lo, hi)`` of block ``b``.
 
     A hybrid's units (its Stream-K region, then whole data-parallel tiles) share one loop and
@@ -204,6 +205,8 @@ def over_units(plan: decomposition.Plan, b, make_body, grid=None) -> tirx.Stmt:
     (Two copies of the body, one per kind of unit, cost registers: nvcc kept values live across
     both, 64 registers where each copy alone took 40 and 48.)
     ``grid`` is the launched grid when it is only known at run time (``num_sms="device"``).
+    With ``idle`` blocks may be launched beyond ``grid`` (a grouped GEMM's, whose grid the kernel
+    computes from the tile count it reads): their ranges, clamped to the iterations, are empty.
     """
     units = plan.units(TIR_OPS, grid)
     dtype = dtype_of(b)
@@ -215,7 +218,11 @@ def over_units(plan: decomposition.Plan, b, make_body, grid=None) -> tirx.Stmt:
     if isinstance(units, int) and units == 1:
         lo, hi = var("sk_lo", dtype), var("sk_hi", dtype)
         lo_e, hi_e = plan.block_range(b, 0, TIR_OPS, grid)
+        if idle:
+            lo_e, hi_e = tirx.min(lo_e, plan.iterations), tirx.min(hi_e, plan.iterations)
         return seq([tirx.Bind(lo, lo_e), tirx.Bind(hi, hi_e), make_body(lo, hi, may_be_empty)])
+    if idle:
+        raise NotImplementedError("idle blocks of a plan of several units")
     u = var("sk_unit", dtype)
     lo_e, hi_e = plan.block_range(b, u, TIR_OPS, grid)
     lo, lo_stmts = opaque_bind("sk_lo", lo_e, dtype, 0, plan.iterations)

@@ -52,6 +52,16 @@ def bound_allocations(func: tirx.PrimFunc) -> tirx.PrimFunc:
     analyzer = arith.Analyzer()
     renamed: dict = {}
 
+    # Common-subexpression elimination may have bound part of an extent to a variable
+    # (``cse_v6 * 56``): bound the variables first.
+    def on_bind(stmt) -> None:
+        try:
+            analyzer.bind(stmt.var, stmt.value)
+        except Exception:  # noqa: BLE001 - a variable bound twice keeps its first value
+            pass
+
+    structural_walk(func.body, (tirx.Bind, on_bind))
+
     def on_alloc(stmt: tirx.AllocBuffer) -> None:
         buf = stmt.buffer
         if str(buf.ty.storage_scope) in _STATIC_SCOPES:

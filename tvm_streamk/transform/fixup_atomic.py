@@ -18,11 +18,10 @@ from tvm import tirx
 from .._compat import SBlock, SBlockRealize, dtype_of, target_arch
 from ..analysis import COND_ATOMIC, COND_EPILOGUE, StreamKSite
 from ..errors import StreamKError
-from . import fixup
+from . import fixup, tile_space
 from ._ir import (
     Segment,
     bound_loop,
-    coordinates,
     fresh_definitions,
     index_dtype,
     int_imm,
@@ -166,12 +165,14 @@ class AtomicFixup(fixup.Fixup):
             body = seq(
                 [
                     tirx.Bind(tile, tirx.floordiv(lo, panels)),
-                    *coordinates(site.band, tile, self.group),
+                    *tile_space.coordinates(site, tile, self.group),
                     zero_body,
                 ]
             )
             return tirx.IfThenElse(starts_inside, body, None)
 
         grid = int_imm(self.plan.grid, dtype) if self.grid is None else self.grid
-        units = over_units(self.plan, b, zero_where_split, grid=self.grid)
+        units = over_units(
+            self.plan, b, zero_where_split, grid=self.grid, idle=site.ragged is not None
+        )
         return fresh_definitions(bound_loop(b, grid, units))

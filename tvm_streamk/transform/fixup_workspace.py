@@ -76,6 +76,7 @@ from ._ir import (
     TIR_OPS,
     Segment,
     bound_loop,
+    cast_to,
     fresh_definitions,
     int_imm,
     opaque_block,
@@ -161,7 +162,9 @@ class WorkspaceFixup(fixup.Fixup):
             "int32" if self.atomic_slots else dtype,
             name="sk_workspace",
         )
-        self.arrivals = tirx.decl_buffer((plan.counter_tiles,), "int32", name="sk_arrivals")
+        # A grouped GEMM's tile count is read on the device: its counters take the bound.
+        self.counter_tiles = plan.counter_tiles if site.ragged is None else site.ragged.tile_bound
+        self.arrivals = tirx.decl_buffer((self.counter_tiles,), "int32", name="sk_arrivals")
         self.last = tirx.decl_buffer((1,), "int32", name="sk_last", scope="shared")
         # ThreadSync refuses shared loads in branch conditions: branch on a register copy.
         self.is_last = tirx.decl_buffer((1,), "int32", name="sk_is_last", scope="local")
@@ -228,7 +231,10 @@ class WorkspaceFixup(fixup.Fixup):
         threads = [lp for lp in self.loops if _tag(lp).startswith("threadIdx")]
         leader = partial
         for loop in threads:
-            leader = tirx.And(leader, loop.loop_var == 0)
+            # Compared as int32: LiftThreadBinding gives every loop of a thread tag one int32
+            # variable, whatever the loop's own type (int64 below a run-time extent), and an
+            # int64 comparison of it is then ill-typed.
+            leader = tirx.And(leader, cast_to("int32", loop.loop_var) == int_imm(0, "int32"))
         arrive = opaque_block(
             "sk_arrive",
             arrive_body,
@@ -347,7 +353,7 @@ class WorkspaceFixup(fixup.Fixup):
         if not self.active:
             return None
         threads = 128
-        tiles = self.plan.counter_tiles
+        tiles = self.counter_tiles
         # A run-time tile count (int64) gives the kernel an extent computed at run time.
         dtype = self.site.index_dtype if isinstance(tiles, int) else dtype_of(tiles)
         b, t = var("sk_count_block", dtype), var("sk_count_thread", dtype)

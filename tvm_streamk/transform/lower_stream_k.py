@@ -29,23 +29,23 @@ from tvm import tirx
 from .. import annotations as ann
 from .. import decomposition, gpus, run_time_choice  # noqa: F401 - registers its policy
 from .._compat import SBlock, SBlockRealize, dtype_of, structural_map
-from ..analysis import StreamKSite, analyze, blocks_under
+from ..analysis import StreamKSite, analyze, blocks_under, first_site, ragged_views
 from ..errors import StreamKError
 from ..legality import (
     check_fragment_plan,
     check_group,
     check_one_panel_loop,
+    check_ragged,
     check_runtime_grid,
     check_runtime_tiles,
 )
-from . import device_sms
+from . import device_sms, tile_space
 from . import fixup as fixups
 from ._ir import (
     TIR_OPS,
     Segment,
     bound_loop,
     cast_to,
-    coordinates,
     index_dtype,
     int_imm,
     opaque_bind,
@@ -145,10 +145,13 @@ def make_fixup(site: StreamKSite, plan, decision: ann.Decision, target, tile_bod
     return fixups.get(decision.fixup)(site, plan, target, decision.group or None, tile_body, grid)
 
 
-def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
-    """Rewrite the Stream-K decision recorded on ``block_name`` in ``func``."""
+def rewrite(
+    func: tirx.PrimFunc, block_name: str, target, decision: ann.Decision | None = None
+) -> tirx.PrimFunc:
+    """Rewrite the Stream-K decision recorded on ``block_name`` in ``func`` (or ``decision``)."""
     site = analyze(func, block_name)
-    decision = ann.decision_of(site.block.annotations, block_name)
+    if decision is None:
+        decision = ann.decision_of(site.block.annotations, block_name)
     check_one_panel_loop(site, block_name)
     plan = plan_for(site, decision, target)
     root_realize: SBlockRealize = func.body
@@ -159,7 +162,12 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
             return replace_block(block, annotations=ann.stripped(block.annotations))
         return block
 
-    if plan.scheme.is_original:
+    whole_tiles = plan.scheme.is_original and site.ragged is not None
+    if whole_tiles:
+        # A grouped GEMM's data-parallel kernel: one block per tile the groups hold (the
+        # closed forms of Stream-K on as many blocks as tiles), not the padded band.
+        plan = decomposition.plan_at_run_time(site.tile_count, site.panels, 1, 1, "stream_k")
+    elif plan.scheme.is_original:
         # The original kernel already is this decomposition.
         return func.with_body(structural_map(func.body, (SBlock, strip)))
 
@@ -172,18 +180,24 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
     device_grid = None
     check_group(decision.group, site.band_extents, block_name)
     check_runtime_tiles(site, plan.policy, decision.group, block_name)
+    check_ragged(site, plan.policy, block_name)
     if decision.num_sms == ann.DEVICE_SMS:
         check_runtime_grid(plan.policy, site.fragment_accumulator, block_name)
     if decision.num_sms == ann.DEVICE_SMS or site.runtime_tiles:
         device_grid = var("sk_grid", index_dtype(site, plan, runtime_grid=True))
-    fixup = make_fixup(site, plan, decision, target, tile_body, device_grid)
+    if whole_tiles:
+        fixup = tile_space.WholeTiles(site, plan, target, None, tile_body, device_grid)
+    else:
+        fixup = make_fixup(site, plan, decision, target, tile_body, device_grid)
     if aligned:
         main = _aligned_nest(site, plan, fixup, strip, tile_body)
     else:
         main = _persistent_nest(site, plan, decision, fixup, strip, tile_body, device_grid)
-    nests = [fixup.prologue(), main]
+    nests = [tile_space.group_offsets_kernel(site), fixup.prologue(), main]
     if device_grid is not None:
-        nests = [_bind_runtime_grid(device_grid, plan, decision, seq(nests), target)]
+        nests = [
+            _bind_runtime_grid(device_grid, plan, decision, seq(nests), target, site, whole_tiles)
+        ]
     band_var = site.band[0].loop_var
 
     def swap_band(loop: tirx.For):
@@ -194,12 +208,14 @@ def rewrite(func: tirx.PrimFunc, block_name: str, target) -> tirx.PrimFunc:
     new_root = replace_block(
         root,
         body=structural_map(root.body, (tirx.For, swap_band)),
-        alloc_buffers=[*root.alloc_buffers, *fixup.buffers],
+        alloc_buffers=[*root.alloc_buffers, *tile_space.buffers(site), *fixup.buffers],
     )
     return func.with_body(SBlockRealize(root_realize.iter_values, root_realize.predicate, new_root))
 
 
-def _bind_runtime_grid(grid: tirx.Var, plan, decision, body: tirx.Stmt, target) -> tirx.Stmt:
+def _bind_runtime_grid(
+    grid: tirx.Var, plan, decision, body: tirx.Stmt, target, site: StreamKSite, whole_tiles=False
+) -> tirx.Stmt:
     """``body`` with ``grid`` read from the device: one block per resident slot, never more
     than the plan's run-time bound.
 
@@ -214,6 +230,12 @@ def _bind_runtime_grid(grid: tirx.Var, plan, decision, body: tirx.Stmt, target) 
     closed forms divide non-negative values by this positive count, where the two divisions
     agree. CUDA keeps the floor division: the truncating one cost the sm_80 workspace kernel
     a register it then spilled (4 to 56 bytes).
+
+    A grouped GEMM's tile count is only known on the device: the host launches every slot, and
+    each kernel binds the count it reads (:func:`~.tile_space.bind_tile_count`), computes the
+    policy's grid from it, and leaves the blocks beyond that grid idle. Its data-parallel
+    kernel (``whole_tiles``) launches a block for each tile the groups may hold and keeps one
+    per tile busy.
     """
     dtype = dtype_of(grid)
     if decision.num_sms == ann.DEVICE_SMS:
@@ -226,15 +248,32 @@ def _bind_runtime_grid(grid: tirx.Var, plan, decision, body: tirx.Stmt, target) 
         if loop.kind != tirx.ForKind.THREAD_BINDING or not loop.extent.same_as(grid):
             return loop
         inner, binds = opaque_bind("sk_num_blocks", grid, dtype)
+        if site.ragged is not None:
+            # The blocks the tile count read on the device keeps busy; the others idle.
+            # At least one, the divisor of the closed forms: no group may hold a row.
+            if whole_tiles:
+                launched = site.ragged.tiles
+            else:
+                launched = plan.scheme.run_time_grid(plan, inner, TIR_OPS, decision.fixup)
+            launched = tirx.Select(site.ragged.tiles > 0, launched, int_imm(1, dtype))
+            inner, active = opaque_bind("sk_active_blocks", launched, dtype)
+            binds += active
         kernel_body = structural_map(
             loop.body, (tirx.Var, lambda v: inner if v.same_as(grid) else v)
         )
+        if site.ragged is not None:
+            # No branch around the body (it holds barriers): the blocks from ``inner`` on get
+            # empty ranges (``over_units(..., idle=True)``).
+            kernel_body = seq(tile_space.bind_tile_count(site, seq([*binds, kernel_body])))
+            binds = []
         if truncate:
             kernel_body = _truncating_divisions_by(inner, kernel_body)
         return with_body(loop, seq([*binds, kernel_body]))
 
     launched = tirx.min(slots, int_imm(plan.runtime_grid_bound(), dtype))
-    if isinstance(plan, decomposition.RuntimeTilesPlan):
+    if whole_tiles:
+        launched = cast_to(dtype, site.ragged.tile_bound)
+    elif isinstance(plan, decomposition.RuntimeTilesPlan) and site.ragged is None:
         # The policy's grid for the run-time tile count (every block owns an iteration).
         launched = cast_to(
             dtype, plan.scheme.run_time_grid(plan, launched, TIR_OPS, decision.fixup)
@@ -279,7 +318,7 @@ def _persistent_nest(site, plan, decision, fixup, strip, tile_body, device_grid=
                 tirx.Bind(tile, first + seg.index),
                 tirx.Bind(k0, tirx.max(lo - tile * panels, 0)),
                 tirx.Bind(k1, tirx.min(hi - tile * panels, panels)),
-                *coordinates(site.band, tile, decision.group or None),
+                *tile_space.coordinates(site, tile, decision.group or None),
                 tirx.Bind(seg.full, tirx.And(k0 == 0, k1 == panels)),
                 tile_body,
                 fixup.after_segment(seg),
@@ -291,7 +330,7 @@ def _persistent_nest(site, plan, decision, fixup, strip, tile_body, device_grid=
         return tirx.For(seg.index, int_imm(0, dtype), extent, tirx.ForKind.SERIAL, segment)
 
     grid = int_imm(plan.grid, dtype) if device_grid is None else device_grid
-    units = over_units(plan, seg.block, walk, device_grid)
+    units = over_units(plan, seg.block, walk, device_grid, idle=site.ragged is not None)
     # Keep the schedule's own annotations of the tile band (unroll pragmas, for instance).
     return bound_loop(seg.block, grid, units, annotations=site.band[0].annotations)
 
@@ -378,6 +417,18 @@ def _aligned_nest(site, plan, fixup, strip, tile_body) -> tirx.Stmt:
     return body
 
 
+# The decision a grouped GEMM without one is lowered by.
+WHOLE_TILES = ann.Decision(
+    policy="data_parallel",
+    variant=None,
+    num_sms=1,
+    blocks_per_sm=1,
+    splits=1,
+    fixup="atomic",
+    group=0,
+)
+
+
 def annotated_blocks(func: tirx.PrimFunc) -> list[str]:
     """Names of the blocks of ``func`` that carry a Stream-K decision."""
     return [b.name_hint for b in blocks_under(func.body) if ann.has_decision(b.annotations)]
@@ -385,9 +436,14 @@ def annotated_blocks(func: tirx.PrimFunc) -> list[str]:
 
 def _lower(func: tirx.PrimFunc, mod: tvm.IRModule, ctx) -> tirx.PrimFunc:
     names = annotated_blocks(func)
+    target = func.attrs.get("target") if func.attrs is not None else None
+    if not names and ragged_views(func) is not None:
+        # A grouped GEMM without a decision: its data-parallel kernel over the groups' tiles.
+        site = first_site(func)
+        if site is not None:
+            return rewrite(func, site.block.name_hint, target, WHOLE_TILES)
     if not names:
         return func
-    target = func.attrs.get("target") if func.attrs is not None else None
     for name in names:
         func = rewrite(func, name, target)
     return func

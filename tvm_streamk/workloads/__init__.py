@@ -5,13 +5,23 @@ and the random inputs and float64 references numeric checks use.
 :func:`reference_schedule`; ``references`` :func:`random_args`, :func:`reference` and
 :func:`relative_error`; ``relax_models`` :func:`relax_matmul`; ``convolutions`` :func:`conv` (and
 :func:`conv1d`, :func:`conv2d`, :func:`conv3d`) with :func:`conv_reference`; ``contractions``
-:func:`contraction` with :func:`contraction_reference`; ``errors`` :class:`WorkloadError`.
+:func:`contraction` with :func:`contraction_reference`; ``grouped`` :func:`grouped_gemm` (G
+GEMMs of different row counts, mixture-of-experts) with :func:`grouped_args`,
+:func:`grouped_reference`, :func:`moe_offsets` and :func:`sort_by_expert`; ``errors``
+:class:`WorkloadError`.
 """
 
 from .builders import EPILOGUES, IN_DTYPES, LAYOUTS, batched_gemm, gemm, gemv
 from .contractions import contraction, contraction_reference
 from .convolutions import conv, conv1d, conv2d, conv3d, conv_output_shape, conv_reference
 from .errors import WorkloadError
+from .grouped import (
+    grouped_args,
+    grouped_gemm,
+    grouped_reference,
+    moe_offsets,
+    sort_by_expert,
+)
 from .references import random_args, reference, relative_error
 from .relax_models import relax_matmul
 from .schedules import reference_schedule
@@ -32,9 +42,14 @@ __all__ = [
     "conv_reference",
     "gemm",
     "gemv",
+    "grouped_args",
+    "grouped_gemm",
+    "grouped_reference",
+    "moe_offsets",
     "random_args",
     "reference",
     "reference_schedule",
     "relative_error",
     "relax_matmul",
+    "sort_by_expert",
 ]
