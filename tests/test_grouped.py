@@ -173,10 +173,10 @@ def test_workload_helpers():
         workloads.moe_offsets([1, -1])
 
 
-def _moe_module(kernel, groups, n, k, dtype):
+def _moe_module(kernel, groups, n, k, dtype, x_k=None):
     bb = relax.BlockBuilder()
     t = tirx.Var("tokens", "int64")
-    x = relax.Var("x", relax.TensorType((t, k), dtype))
+    x = relax.Var("x", relax.TensorType((t, k if x_k is None else x_k), dtype))
     w = relax.Var("w", relax.TensorType((groups, n, k), dtype))
     c = relax.Var("counts", relax.TensorType((groups,), "int64"))
     with bb.function("main", [x, w, c]):
@@ -286,3 +286,24 @@ def test_dlight_schedule_is_refused_with_the_reason():
         "[ragged-groups]" in r and "no longer a root buffer" in r and "reference_schedule" in r
         for r in reasons.values()
     ), reasons
+
+
+@pytest.mark.skipif(not ptxas.available(), reason="nvcc is not on PATH")
+def test_persistent_grid_sized_by_the_built_kernels_occupancy():
+    # The data-parallel grouped kernel is built through the tvm_streamk pipeline (which lowers
+    # the views) and read by ptxas: 64 registers x 256 threads leave 4 blocks per sm_80 SM.
+    kernel = moe.grouped_matmul_kernel(
+        8, 512, 256, target=A100, fixup="atomic", tiles=(64, 64, 16, 4, 4)
+    )
+    from tvm_streamk import annotations as ann
+    from tvm_streamk.analysis import first_site
+
+    site = first_site(kernel)
+    decision = ann.decision_of(site.block.annotations, site.block.name_hint)
+    assert (decision.num_sms, decision.blocks_per_sm) == (108, 4)
+
+
+def test_moe_token_features_are_checked():
+    kernel = moe.grouped_matmul_kernel(4, 32, 16, num_sms=2, tiles=(16, 16, 8, 2, 2))
+    with pytest.raises(StreamKError, match=r"\[moe-shapes\].*16 features"):
+        _moe_module(kernel, 4, 32, 16, "float32", x_k=24)

@@ -240,7 +240,7 @@ def _occupancy_of(mod: tvm.IRModule, target) -> dict:
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
     try:
         _, kernel = resources.resident_blocks(mod, target, "tvm_streamk")
-        _, dp = resources.resident_blocks(ann.without_decisions(mod), target)
+        _, dp = resources.resident_blocks(ann.without_decisions(mod), target, "tvm_streamk")
     except (ValueError, ptxas.PtxasError) as err:
         raise ExplainError(f"cannot count resident blocks for target {target}: {err}") from None
     return {"kernel": kernel, "data_parallel": dp}

@@ -37,7 +37,7 @@ def grouped_matmul_kernel(
     out_dtype: str | None = None,
     tiles: tuple[int, int, int, int, int] = (32, 32, 8, 4, 4),
     num_sms=None,
-    blocks_per_sm: int | None = 1,
+    blocks_per_sm: int | None = None,
     policy: str = "stream_k",
     fixup: str = "auto",
     target=None,
@@ -88,8 +88,12 @@ def emit_moe_matmul(
         "w": list(w_info.shape) if w_info.shape is not None else None,
         "counts": list(c_info.shape) if c_info.shape is not None else None,
     }
+    want_k = int(params["X"].shape[1])
     shapes_ok = (
         x_info.ndim == 2
+        and x_info.shape is not None
+        and isinstance(x_info.shape[1], tirx.IntImm)
+        and int(x_info.shape[1]) == want_k
         and w_info.shape is not None
         and [int(e) for e in w_info.shape] == want_w
         and c_info.shape is not None
@@ -101,7 +105,7 @@ def emit_moe_matmul(
         raise StreamKError(
             "moe-shapes",
             f"x, w, counts of shapes {found} (counts {c_info.dtype}) for a kernel of {groups} "
-            f"experts with weights {want_w}",
+            f"experts with weights {want_w} and tokens of {want_k} features",
             "Pass tokens (T, K) sorted by expert, the kernel's weights, and int64 counts (G,).",
         )
     zero = relax.const(np.zeros(1, "int64"), "int64")

@@ -293,7 +293,7 @@ def _occupancy_plan(sch: Schedule, target, choose, record):
     if why is not None:
         return 1, choose(1), f"1 block/SM ({why})"
     try:
-        _, dp = resources.resident_blocks(ann.without_decisions(sch.mod), target)
+        _, dp = resources.resident_blocks(ann.without_decisions(sch.mod), target, "tvm_streamk")
         if dp.blocks < 1:
             raise StreamKError(
                 "occupancy",
