@@ -15,3 +15,14 @@ def block_idx_extents(mod: tvm.IRModule, func: str = "main") -> list[tuple[str, 
 
     tvm_ffi.structural_walk(mod[func].body, (tvm.tirx.For, on_for))
     return found
+
+
+def cuda_modules(lib) -> list:
+    """The CUDA modules a ``tvm.compile`` result imports, however deep."""
+    found, stack = [], [lib.mod]
+    while stack:
+        mod = stack.pop()
+        if mod.kind == "cuda":
+            found.append(mod)
+        stack.extend(mod.imports)
+    return found

@@ -13,22 +13,28 @@ import re
 
 import numpy as np
 import pytest
+import tvm
+from tvm.s_tir import dlight as dl
 
 import tvm_streamk
 from tvm_streamk import workloads
 from tvm_streamk.analysis import first_site
+from tvm_streamk.dlight import StreamKMatmul
+from tvm_streamk.dlight.group_axis import GroupAxisRefused, split_group_axis
 from tvm_streamk.errors import StreamKError
 
 from .dlight_sites import (
     A100,
     DECISIONS,
     DEFAULT_RULES,
+    FIXUPS,
     check_numeric,
     check_persistent,
     decision_matrix,
     matmul_site,
     schedule_with,
 )
+from .helpers import block_idx_extents
 
 # Only the tests that run kernels take every PoCL in turn.
 on_every_pocl = pytest.mark.usefixtures("opencl")
@@ -147,7 +153,10 @@ def test_fused_epilogue_with_atomic_fixup_is_refused(family):
         )
 
 
+# Grouped convolutions: a batched implicit GEMM over the groups once the output-channel axis is
+# split into (group, channel in group) (tvm_streamk.dlight.group_axis); comments give that GEMM.
 GROUPED_CASES = {
+    # S = 2 groups, I = 2*21*19 = 798 (25 tiles), J = 35, K = 3*3*4 = 36 (3 panels).
     "grouped-nhwc-groups2": {
         "data_shape": (2, 21, 19, 8),
         "weight_shape": (3, 3, 4, 70),
@@ -155,32 +164,146 @@ GROUPED_CASES = {
         "groups": 2,
         "padding": 1,
     },
-    "depthwise-nchw": {
-        "data_shape": (2, 8, 21, 19),
-        "weight_shape": (8, 1, 3, 3),
+    # S = 4 groups, I = 1*14*14 = 196 (7 tiles), J = 34, K = 34 (3 panels): ShuffleNet's 1x1.
+    "grouped-nchw-1x1-groups4": {
+        "data_shape": (1, 136, 14, 14),
+        "weight_shape": (136, 34, 1, 1),
         "layout": "NCHW",
-        "groups": 8,
+        "groups": 4,
+    },
+    # S = 4 groups, I = 2*10*11 = 220 (7 tiles), J = 20, K = 3*3*4 = 36 (3 panels), stride 2.
+    "grouped-nchw-stride2": {
+        "data_shape": (2, 16, 19, 21),
+        "weight_shape": (80, 4, 3, 3),
+        "layout": "NCHW",
+        "groups": 4,
+        "stride": 2,
         "padding": 1,
     },
 }
+DEPTHWISE = {
+    "data_shape": (2, 8, 21, 19),
+    "weight_shape": (8, 1, 3, 3),
+    "layout": "NCHW",
+    "groups": 8,
+    "padding": 1,
+}
 
 
-@pytest.mark.xfail(
-    raises=AssertionError,
-    strict=True,
-    reason="a grouped conv (depthwise too) reads input channel ff // (O/G) * (C/G) + rc, so the "
-    "output channel indexes both operands: dlight's gpu.Matmul sees it as a batch axis, finds no "
-    "J axis and declines; gpu.Fallback schedules it and first_site finds no Stream-K site",
+def _grouped_matrix():
+    for family in GROUPED_CASES:
+        for policy in DECISIONS:
+            for fixup in FIXUPS:
+                fast = policy == "stream_k" or family == "grouped-nhwc-groups2"
+                marks = () if fast else (pytest.mark.slow,)
+                yield pytest.param(
+                    family, policy, fixup, marks=marks, id=f"{family}-{policy}-{fixup}"
+                )
+
+
+@on_every_pocl
+@pytest.mark.parametrize("family,policy,fixup", list(_grouped_matrix()))
+def test_grouped_conv_matches_float64(family, policy, fixup):
+    kwargs = GROUPED_CASES[family]
+    grouped = split_group_axis(workloads.conv(**kwargs))
+    assert grouped is not None
+    check_numeric(grouped, _reference(kwargs), policy, fixup)
+
+
+@pytest.mark.parametrize("family", list(GROUPED_CASES))
+def test_grouped_conv_is_a_batched_gemm_over_groups(family):
+    kwargs = GROUPED_CASES[family]
+    grouped = split_group_axis(workloads.conv(**kwargs))
+    sch, block = matmul_site(grouped)
+    site = first_site(sch.mod["main"])
+    # The group axis is the batch: one blockIdx loop of the tile band spans the groups.
+    extents = dict(block_idx_extents(sch.mod))
+    assert kwargs["groups"] in extents.values(), extents
+    plan = tvm_streamk.stream_k(sch, block, target=A100, blocks_per_sm=1, **DECISIONS["stream_k"])
+    assert plan.tiles % kwargs["groups"] == 0 and site is not None
+
+
+def test_split_group_axis_rewrites_only_the_channel_axis():
+    func = workloads.conv(**GROUPED_CASES["grouped-nchw-1x1-groups4"])
+    text = split_group_axis(func).script()
+    # The input channel of group g is g * (C/G) + rc; the weight row g * (O/G) + j.
+    assert "pad_temp[v_nn, v_ff_g * 34 + v_rc, v_yy + v_ry, v_xx + v_rx]" in text
+    assert "w[v_ff_g * 34 + v_ff_j, v_rc, v_ry, v_rx]" in text
+    assert "//" not in text.split('T.sblock("group_conv2d_nchw")')[1]
+
+
+@pytest.mark.parametrize(
+    "func",
+    [
+        pytest.param(workloads.conv(**DEPTHWISE), id="depthwise"),
+        pytest.param(workloads.conv(**CASES["conv2d-nhwc-stride2-pad1"]), id="ungrouped"),
+        pytest.param(workloads.gemm(64, 64, 64), id="gemm"),
+    ],
 )
-@pytest.mark.parametrize("family", list(GROUPED_CASES))
-def test_grouped_conv_gets_a_matmul_site(family):
-    matmul_site(workloads.conv(**GROUPED_CASES[family]), rules=DEFAULT_RULES)
+def test_split_group_axis_leaves_other_reductions_alone(func):
+    # Depthwise: one output channel per group leaves no J axis to split off.
+    assert split_group_axis(func) is None
 
 
-@pytest.mark.parametrize("family", list(GROUPED_CASES))
-def test_grouped_conv_falls_back_without_a_site(family):
-    # Records where a grouped conv goes today, so a change in dlight or in the analysis shows.
-    scheduled, taken = schedule_with(workloads.conv(**GROUPED_CASES[family]), *DEFAULT_RULES)
+def test_stream_k_matmul_rule_takes_grouped_conv():
+    func = workloads.conv(**GROUPED_CASES["grouped-nhwc-groups2"])
+    rule = StreamKMatmul(num_sms=3, blocks_per_sm=1, policy="stream_k")
+    with A100:
+        scheduled = dl.ApplyDefaultSchedule(rule)(tvm.IRModule({"main": func}))["main"]
+    assert first_site(scheduled) is not None
+    assert not rule.skipped and len(rule.decided) == 1
+
+
+def _grouped_epilogue_matrix():
+    for epilogue in ("bias", "bias_relu_residual"):
+        for policy in DECISIONS:
+            fast = policy == "data_parallel" or (policy, epilogue) == ("stream_k", "bias")
+            marks = () if fast else (pytest.mark.slow,)
+            yield pytest.param(epilogue, policy, marks=marks, id=f"{epilogue}-{policy}")
+
+
+@on_every_pocl
+@pytest.mark.parametrize("epilogue,policy", list(_grouped_epilogue_matrix()))
+def test_grouped_conv_with_fused_epilogue(epilogue, policy):
+    # dlight inlines the epilogue into its padded write-back and guards it by the epilogue's
+    # own domain. Split there too (and in the buffers between), the guard bounds the channel in
+    # its group; over the flat channel axis it would bound g * (O/G) + j by O only, and group
+    # g's padded columns would overwrite group g + 1's channels (seen: relative error 0.8).
+    kwargs = {**GROUPED_CASES["grouped-nchw-stride2"], "epilogue": epilogue}
+    grouped = split_group_axis(workloads.conv(**kwargs))
+    check_numeric(grouped, _reference(kwargs), policy, "workspace")
+
+
+def test_grouped_conv_write_back_guards_the_channel_in_its_group():
+    kwargs = {**GROUPED_CASES["grouped-nchw-stride2"], "epilogue": "bias"}
+    sch, _ = matmul_site(split_group_axis(workloads.conv(**kwargs)))
+    text = sch.mod["main"].script()
+    # The J extent of a group is 20 of dlight's 64-wide tile: the padded columns are masked.
+    guards = re.findall(r"T\.where\((.*)\)", text)
+    assert any(re.search(r"< 220 and [^<]* < 20$", g) for g in guards), guards
+
+
+def test_grouped_conv_with_a_layout_changing_consumer_is_refused():
+    from tvm import te, topi
+
+    x = te.placeholder((1, 8, 6, 6), name="x")
+    w = te.placeholder((32, 4, 3, 3), name="w")
+    conv = topi.nn.group_conv2d_nchw(x, w, 1, 1, 1, 2)
+    nhwc = te.compute((1, 6, 6, 32), lambda n, h, v, c: conv[n, c, h, v], name="to_nhwc")
+    func = te.create_prim_func([x, w, nhwc])
+    with pytest.raises(GroupAxisRefused, match="'to_nhwc' .* does not write one buffer shaped"):
+        split_group_axis(func)
+    rule = StreamKMatmul(num_sms=3, blocks_per_sm=1)
+    with A100:
+        dl.ApplyDefaultSchedule(rule, dl.gpu.Fallback())(tvm.IRModule({"main": func}))
+    ((_, why),) = rule.skipped.items()
+    assert why.startswith("[grouped-conv]") and "to_nhwc" in why and not rule.decided
+
+
+@pytest.mark.parametrize("kwargs", [GROUPED_CASES["grouped-nhwc-groups2"], DEPTHWISE])
+def test_plain_dlight_falls_back_on_grouped_conv(kwargs):
+    # Records where dlight's own rules put a grouped conv, so a change in dlight shows.
+    scheduled, taken = schedule_with(workloads.conv(**kwargs), *DEFAULT_RULES)
     assert taken == "Fallback"
     assert first_site(scheduled) is None
 

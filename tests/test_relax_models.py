@@ -14,13 +14,16 @@ Install the model dependencies with ``pip install -e ".[test,models]"``; run ``p
 import numpy as np
 import pytest
 import tvm
-from tvm import relax, tirx
+from tvm import tirx
 
 import tvm_streamk
 from tvm_streamk import pocl as pocl_backend
 from tvm_streamk import ptxas, workloads
 from tvm_streamk._compat import dlight, param_buffers, structural_walk
 from tvm_streamk.dlight import StreamKMatmul
+from tvm_streamk.relax_pipeline import fusion_passes
+
+from .helpers import cuda_modules
 
 pytestmark = pytest.mark.slow
 
@@ -80,18 +83,8 @@ def model(request) -> tvm.IRModule:
 
 def _fused_functions(mod: tvm.IRModule) -> dict[str, tirx.PrimFunc]:
     """The fused TIR functions the pipeline hands dlight, unscheduled."""
-    import importlib
-
-    cuda = importlib.import_module(tvm_streamk.relax_pipeline.__module__).CUDA_BACKEND
-    passes = importlib.import_module(cuda).library_dispatch_passes(H100) + [
-        relax.transform.LegalizeOps(),
-        relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(),
-        relax.transform.FuseOps(),
-        relax.transform.FuseTIR(),
-    ]
     with H100:
-        fused = tvm.transform.Sequential(passes)(mod)
+        fused = tvm.transform.Sequential(fusion_passes(H100))(mod)
     return {
         gv.name_hint: func
         for gv, func in fused.functions.items()
@@ -124,22 +117,12 @@ def test_compiles_with_stream_k_for_h100(model):
     # The attention matmuls (two run-time extents, or a run-time K) say why not.
     for key, why in pipeline.rule.skipped.items():
         assert "[runtime-tiles]" in why or "[constant-panels]" in why, (key, why)
-    sources = [m.inspect_source() for m in _cuda_modules(lib)]
+    sources = [m.inspect_source() for m in cuda_modules(lib)]
     assert sources, "no CUDA module in the build"
     if ptxas.available():
         for text in sources:
             for name, kernel in ptxas.resources(text, "sm_90").items():
                 assert kernel.spills == 0 and kernel.stack == 0, (name, kernel)
-
-
-def _cuda_modules(lib) -> list:
-    found, stack = [], [lib.mod]
-    while stack:
-        mod = stack.pop()
-        if mod.kind == "cuda":
-            found.append(mod)
-        stack.extend(mod.imports)
-    return found
 
 
 def test_matmul_kernels_run_at_every_token_count(model):

@@ -12,6 +12,7 @@ from .decomposition import Plan, plan
 from .errors import StreamKError
 from .explain import explain
 from .meta_schedule import compile_tuned, tune
+from .model_report import ModelReport, model_report
 from .pipeline import lower
 from .relax_pipeline import relax_pipeline
 from .schedule import stream_k
@@ -48,6 +49,8 @@ __all__ = [
     "meta_schedule",
     "plan",
     "postproc",
+    "model_report",
+    "ModelReport",
     "relax_pipeline",
     "stream_k",
     "tune",

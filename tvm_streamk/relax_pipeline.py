@@ -1,8 +1,14 @@
 """A Relax pipeline that compiles whole models with Stream-K where it pays off.
 
-It is TVM's default CUDA Relax pipeline with one change: dlight's ``gpu.Matmul`` rule is replaced
-by :class:`tvm_streamk.dlight.StreamKMatmul`, which lets the cost model add a Stream-K decision to
-every matmul-like kernel (fused epilogues included). Build with the ``tvm_streamk`` TIR pipeline::
+It is TVM's default CUDA Relax pipeline with the project's dlight rules in it:
+:class:`tvm_streamk.dlight.StreamKMatmul` replaces ``gpu.Matmul`` and lets the cost model add a
+Stream-K decision to every matmul-like kernel (fused epilogues and grouped convolutions
+included); :class:`tvm_streamk.dlight.StreamKGEMV` takes the low-batch matmuls ``gpu.GEMV``
+declines (a fully connected layer at batch 1 with a K-major weight), and
+:class:`tvm_streamk.dlight.StreamKDepthwise` short reductions such as depthwise convolutions.
+All three record their decisions in one place, ``pipeline.rule.decided`` and
+``pipeline.rule.skipped``; :func:`tvm_streamk.model_report` tabulates them. Build with the
+``tvm_streamk`` TIR pipeline::
 
     lib = tvm.compile(mod, target, relax_pipeline=tvm_streamk.relax_pipeline(target),
                       tir_pipeline="tvm_streamk")
@@ -15,7 +21,7 @@ from tvm import relax
 
 from ._compat import dlight
 from ._compat import target as as_target
-from .dlight import StreamKMatmul
+from .dlight import StreamKDepthwise, StreamKGEMV, StreamKMatmul
 
 CUDA_BACKEND = "tvm.relax.backend.cuda.pipeline"
 
@@ -46,28 +52,12 @@ def relax_pipeline(target, *, num_sms=None, blocks_per_sm=None, policy="heuristi
     cuda = importlib.import_module(CUDA_BACKEND)
     rule = StreamKMatmul(num_sms, blocks_per_sm, policy, fixup)
 
-    def legalize() -> list:
-        return [
-            relax.transform.LegalizeOps(),
-            relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant(),
-            relax.transform.FuseOps(),
-            relax.transform.FuseTIR(),
-            dlight.ApplyDefaultSchedule(
-                rule,
-                dlight.gpu.GEMV(),
-                dlight.gpu.Reduction(),
-                dlight.gpu.GeneralReduction(),
-                dlight.gpu.Fallback(),
-            ),
-        ]
-
     @tvm.transform.module_pass(opt_level=0, name="tvm_streamk.relax_pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         with target:
             passes = (
-                cuda.library_dispatch_passes(target)
-                + legalize()
+                fusion_passes(target)
+                + [dlight.ApplyDefaultSchedule(*schedule_rules(rule))]
                 + cuda.dataflow_lower_passes(target)
                 + cuda.finalize_passes(target)
             )
@@ -75,3 +65,36 @@ def relax_pipeline(target, *, num_sms=None, blocks_per_sm=None, policy="heuristi
 
     _pipeline.rule = rule
     return _pipeline
+
+
+def fusion_passes(target) -> list:
+    """The passes before scheduling: library dispatch, legalization and fusion; after them the
+    module holds the fused TensorIR functions dlight schedules (run them under ``target``)."""
+    import importlib
+
+    cuda = importlib.import_module(CUDA_BACKEND)
+    return cuda.library_dispatch_passes(as_target(target)) + [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
+
+
+def schedule_rules(rule: StreamKMatmul) -> list:
+    """dlight's GPU rules in the order the pipeline tries them, ``rule`` in place of
+        ``gpu.Matmul``, and :class:`~tvm_streamk.dlight.StreamKGEMV` (sharing ``rule``'s knobs and
+        record) for the low-batch matmuls with a K-major weight that ``gpu.GEMV`` declines, then
+    :class:`~tvm_streamk.dlight.StreamKDepthwise` for short multiply-accumulate reductions
+    (depthwise convolutions)."""
+    c = rule.config
+    return [
+        rule,
+        dlight.gpu.GEMV(),
+        StreamKGEMV(c.num_sms, c.blocks_per_sm, c.policy, c.fixup, decisions=rule.decisions),
+        StreamKDepthwise(c.num_sms, c.blocks_per_sm, c.policy, c.fixup, decisions=rule.decisions),
+        dlight.gpu.Reduction(),
+        dlight.gpu.GeneralReduction(),
+        dlight.gpu.Fallback(),
+    ]

@@ -7,8 +7,8 @@ and the random inputs and float64 references numeric checks use.
 :func:`conv1d`, :func:`conv2d`, :func:`conv3d`) with :func:`conv_reference`; ``contractions``
 :func:`contraction` with :func:`contraction_reference`; ``grouped`` :func:`grouped_gemm` (G
 GEMMs of different row counts, mixture-of-experts) with :func:`grouped_args`,
-:func:`grouped_reference`, :func:`moe_offsets` and :func:`sort_by_expert`; ``errors``
-:class:`WorkloadError`.
+:func:`grouped_reference`, :func:`moe_offsets` and :func:`sort_by_expert`; ``onnx_models``
+:func:`onnx_model` (the ONNX model zoo, :data:`ONNX_MODELS`); ``errors`` :class:`WorkloadError`.
 """
 
 from .builders import EPILOGUES, IN_DTYPES, LAYOUTS, batched_gemm, gemm, gemv
@@ -22,6 +22,7 @@ from .grouped import (
     moe_offsets,
     sort_by_expert,
 )
+from .onnx_models import ONNX_MODELS, onnx_model
 from .references import random_args, reference, relative_error
 from .relax_models import relax_matmul
 from .schedules import reference_schedule
@@ -30,6 +31,7 @@ __all__ = [
     "EPILOGUES",
     "IN_DTYPES",
     "LAYOUTS",
+    "ONNX_MODELS",
     "WorkloadError",
     "batched_gemm",
     "contraction",
@@ -46,6 +48,7 @@ __all__ = [
     "grouped_gemm",
     "grouped_reference",
     "moe_offsets",
+    "onnx_model",
     "random_args",
     "reference",
     "reference_schedule",
