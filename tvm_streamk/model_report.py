@@ -25,6 +25,8 @@ from .decomposition import Plan
 from .dlight import StreamKMatmul
 from .relax_pipeline import fusion_passes, schedule_rules
 
+# dlight rules whose schedules reduce across threads (rfactor + allreduce).
+CROSS_THREAD_RULES = ("GEMV", "Reduction", "GeneralReduction")
 CALL_OPS = ("relax.call_tir", "relax.call_tir_inplace", "relax.call_tir_with_grad")
 
 
@@ -222,10 +224,15 @@ def _row(name, func, calls, rule, rules, target) -> KernelRow:
         why = rule.skipped[key]
     elif taken is None:
         why = "no dlight rule schedules it"
+    elif taken in CROSS_THREAD_RULES:
+        why = (
+            f"dlight's {taken} schedules it as a reduction across the threads of a block, "
+            "which Stream-K does not split (its K loop is not a serial panel loop)"
+        )
     else:
         why = (
-            f"no Stream-K rule takes it (not a matmul, a low-batch matmul or a short "
-            f"multiply-accumulate); dlight's {taken} schedules it"
+            f"no Stream-K rule takes it (not a matmul, a low-batch matmul with a K-major "
+            f"weight or a short multiply-accumulate); dlight's {taken} schedules it"
         )
     return KernelRow(name, calls, total, taken, None, None, why)
 

@@ -181,19 +181,23 @@ def opaque_bind(
     constant that overflows int32 (a unit's range). A divisor (the run-time grid) is left
     unclamped: its clamp cost the sm_80 workspace kernel 8-24 bytes of spills.
     """
+    expr, allocs, store, read = register_copy(name, value, dtype, low, high)
+    return expr, [*allocs, store, read]
+
+
+def register_copy(name: str, value, dtype: str, low: int | None = None, high: int | None = None):
+    """The parts of :func:`opaque_bind`, for a store that must sit elsewhere (inside a block)
+    than its read-back: ``(expression, allocations, store, read-back)``."""
     storage = tirx.decl_buffer((1,), dtype, name + "_local", scope="local")
     view = tirx.decl_buffer((1,), dtype, name + "_view", scope="local")
     bound = var(name, dtype)
     zero = int_imm(0)
-    stmts = [
-        tirx.AllocBuffer(storage),
-        tirx.DeclBuffer(view, data=storage.data),
-        tirx.BufferStore(storage, cast_to(dtype, value), [zero]),
-        tirx.Bind(bound, tirx.BufferLoad(view, [zero])),
-    ]
-    if low is None or high is None:
-        return bound, stmts
-    return tirx.min(tirx.max(bound, int_imm(low, dtype)), int_imm(high, dtype)), stmts
+    allocs = [tirx.AllocBuffer(storage), tirx.DeclBuffer(view, data=storage.data)]
+    store = tirx.BufferStore(storage, cast_to(dtype, value), [zero])
+    read = tirx.Bind(bound, tirx.BufferLoad(view, [zero]))
+    if low is not None and high is not None:
+        bound = tirx.min(tirx.max(bound, int_imm(low, dtype)), int_imm(high, dtype))
+    return bound, allocs, store, read
 
 
 def over_units(plan: decomposition.Plan, b, make_body, grid=None, idle=False) -> tirx.Stmt:

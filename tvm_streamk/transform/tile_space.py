@@ -26,6 +26,7 @@ from ._ir import (
     cast_to,
     int_imm,
     opaque_block,
+    register_copy,
     seq,
     var,
     whole,
@@ -89,18 +90,13 @@ def _in_block(name: str, source, binds: list, outputs: list, dtype: str):
     """Values computed after ``binds`` in one block reading ``source``, read back from
     registers. ``outputs`` holds ``(name, value, low, high)``; the result is the expressions to
     use (clamped to ``[low, high]`` where given) and the statements that define them."""
-    zero = int_imm(0)
     allocs, stores, reads, exprs = [], [], [], []
     for out_name, value, low, high in outputs:
-        storage = tirx.decl_buffer((1,), dtype, out_name + "_local", scope="local")
-        view = tirx.decl_buffer((1,), dtype, out_name + "_view", scope="local")
-        bound = var(out_name, dtype)
-        allocs += [tirx.AllocBuffer(storage), tirx.DeclBuffer(view, data=storage.data)]
-        stores.append(tirx.BufferStore(storage, cast_to(dtype, value), [zero]))
-        reads.append(tirx.Bind(bound, tirx.BufferLoad(view, [zero])))
-        if low is not None:
-            bound = tirx.min(tirx.max(bound, int_imm(low, dtype)), int_imm(high, dtype))
-        exprs.append(bound)
+        expr, alloc, store, read = register_copy(out_name, value, dtype, low, high)
+        allocs += alloc
+        stores.append(store)
+        reads.append(read)
+        exprs.append(expr)
     writes = [whole(store.buffer) for store in stores]
     block = opaque_block(name, seq([*binds, *stores]), reads=[whole(source)], writes=writes)
     return exprs, [*allocs, block, *reads]
