@@ -23,6 +23,7 @@ from ._compat import target as as_target
 from .analysis.flops import kernel_flops
 from .decomposition import Plan
 from .dlight import StreamKMatmul
+from .explain import explain
 from .relax_pipeline import fusion_passes, schedule_rules
 
 # dlight rules whose schedules reduce across threads (rfactor + allreduce).
@@ -208,15 +209,14 @@ def _row(name, func, calls, rule, rules, target) -> KernelRow:
     total = None if flops is None else flops * calls
     if func.attrs is not None and "tirx.is_scheduled" in func.attrs:
         return KernelRow(name, calls, total, None, None, None, "scheduled before the pipeline")
-    before = set(rule.decided) | set(rule.skipped)
+    # The key the rules record this kernel under (they share one record).
+    key = rule.decisions.key(func)
     taken = None
     with target:
         for candidate in rules:
             if isinstance(candidate.apply(func, target, False), Schedule):
                 taken = type(candidate).__name__
                 break
-    new = (set(rule.decided) | set(rule.skipped)) - before
-    key = next(iter(new), None)
     if key in rule.decided:
         plan = rule.decided[key]
         return KernelRow(name, calls, total, taken, plan, _speedup(plan), None)
@@ -245,8 +245,6 @@ def _label(target, given: str | None) -> str:
 
 def _speedup(plan: Plan) -> float | None:
     """The cost model's predicted gain of ``plan`` over data-parallel, where it has one."""
-    from .explain import explain
-
     if plan.policy == "data_parallel":
         return 1.0
     try:

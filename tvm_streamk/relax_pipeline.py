@@ -83,11 +83,11 @@ def fusion_passes(target) -> list:
 
 
 def schedule_rules(rule: StreamKMatmul) -> list:
-    """dlight's GPU rules in the order the pipeline tries them, ``rule`` in place of
-        ``gpu.Matmul``, and :class:`~tvm_streamk.dlight.StreamKGEMV` (sharing ``rule``'s knobs and
-        record) for the low-batch matmuls with a K-major weight that ``gpu.GEMV`` declines, then
-    :class:`~tvm_streamk.dlight.StreamKDepthwise` for short multiply-accumulate reductions
-    (depthwise convolutions)."""
+    """dlight's GPU rules in the order the pipeline tries them: ``rule`` in place of
+    ``gpu.Matmul``; then, sharing ``rule``'s knobs and record,
+    :class:`~tvm_streamk.dlight.StreamKGEMV` for the low-batch matmuls with a K-major weight
+    that ``gpu.GEMV`` declines and :class:`~tvm_streamk.dlight.StreamKDepthwise` for short
+    multiply-accumulate reductions (depthwise convolutions)."""
     c = rule.config
     return [
         rule,

@@ -13,8 +13,7 @@ from math import prod
 from tvm import tirx
 
 from .._compat import SBlock, structural_walk
-
-REDUCE = 2  # tirx.IterVar.CommReduce
+from . import is_reduction
 
 
 def kernel_flops(func: tirx.PrimFunc) -> int | None:
@@ -32,7 +31,7 @@ def kernel_flops(func: tirx.PrimFunc) -> int | None:
 
     def visit(block: SBlock) -> None:
         nonlocal total, symbolic
-        if not any(iv.iter_type == REDUCE for iv in block.iter_vars):
+        if not is_reduction(block):
             return
         extents = [iv.dom.extent for iv in block.iter_vars]
         if not all(isinstance(e, tirx.IntImm) for e in extents):
@@ -49,9 +48,7 @@ def multiply_accumulates(block: SBlock) -> bool:
     found = []
 
     def store(st: tirx.BufferStore) -> None:
-        value = st.value
-        if isinstance(value, tirx.Cast):
-            value = value.value
+        value = _uncast(st.value)
         if isinstance(value, tirx.Add) and any(
             isinstance(_uncast(term), tirx.Mul) for term in (value.a, value.b)
         ):

@@ -8,12 +8,10 @@ from dataclasses import dataclass, field
 from tvm import tirx
 
 from .._compat import Schedule, dlight, param_buffers
-from ..analysis import first_site, refusals
+from ..analysis import first_site, is_reduction, refusals
 from ..errors import StreamKError
 from ..gpus import UnknownGPUError, num_sms_for_target
 from ..schedule import stream_k
-
-REDUCE = 2  # tirx.IterVar.CommReduce
 
 
 @dataclass(frozen=True)
@@ -82,7 +80,7 @@ class OwnScheduleRule(RecordsDecisions, dlight.gpu.base.GPUScheduleRule):
 def only_reduction(sch: Schedule):
     """The one block under the root that reduces, or None when there are none or several."""
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    reducing = [b for b in blocks if any(iv.iter_type == REDUCE for iv in sch.get(b).iter_vars)]
+    reducing = [b for b in blocks if is_reduction(sch.get(b))]
     return reducing[0] if len(reducing) == 1 else None
 
 

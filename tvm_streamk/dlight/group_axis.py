@@ -29,9 +29,9 @@ from .._compat import (
     structural_map,
     structural_walk,
 )
+from ..analysis import is_reduction
 from ..transform._ir import replace_block
 
-REDUCE = 2  # tirx.IterVar.CommReduce
 # Fewer output channels per group than this (a depthwise convolution with a channel multiplier)
 # would leave dlight's 64-wide J tile mostly padding: StreamKDepthwise takes those instead.
 MIN_GROUP_COLUMNS = 16
@@ -77,7 +77,7 @@ def split_group_axis(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     axis, per_group = split
     channel = _written_dim(realize.block, axis.var)
     produced = loaded_buffer(realize.block.writes[0])
-    consumers = _consumers(func, produced, channel)
+    consumers = _consumers(func, produced)
     func = _split_nest(func, loops, realize, axis, per_group)
     # A fused epilogue (bias, ReLU, residual) is split the same way: dlight inlines it into the
     # padded write-back, whose guard comes from the epilogue's own domain. Over the whole channel
@@ -85,27 +85,15 @@ def split_group_axis(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     # the next group's channels (PoCL: relative error 0.8 at every policy, data-parallel too).
     # The intermediate buffers between them get the split as two dimensions, so that the inline
     # maps (group, channel) to (group, channel) rather than through the flat channel index.
-    for name, dim in consumers:
+    for name, _ in consumers:
         nest = _nest_of(func, name)
-        axis = _iter_var_at(nest[1].block, dim)
+        axis = _iter_var_at(nest[1].block, channel)
         func = _split_nest(func, *nest, axis, per_group)
     params = param_buffers(func)
-    for buffer in [produced] + [_written(func, name) for name, _ in consumers]:
+    for buffer in [produced] + [written for _, written in consumers]:
         if not any(buffer.same_as(p) for p in params):
             func = _split_buffer_dim(func, buffer, channel, per_group)
     return func
-
-
-def _written(func: tirx.PrimFunc, name: str):
-    found = []
-    structural_walk(
-        func.body,
-        (
-            SBlock,
-            lambda b: found.append(loaded_buffer(b.writes[0])) if b.name_hint == name else None,
-        ),
-    )
-    return found[0]
 
 
 def _split_buffer_dim(func: tirx.PrimFunc, buffer, dim: int, per_group: int) -> tirx.PrimFunc:
@@ -257,10 +245,10 @@ def _iter_var_at(block: SBlock, dim: int):
     )
 
 
-def _consumers(func: tirx.PrimFunc, produced, dim: int) -> list[tuple[str, int]]:
+def _consumers(func: tirx.PrimFunc, produced) -> list[tuple[str, tirx.Buffer]]:
     """The blocks that read ``produced`` or a buffer they write, transitively, in program
-    order, with the channel dimension of each one's write; each must be elementwise over the
-    convolution's output shape."""
+    order, with the buffer each one writes; each must be elementwise over the convolution's
+    output shape."""
     tainted = [produced]
     found = []
 
@@ -277,7 +265,7 @@ def _consumers(func: tirx.PrimFunc, produced, dim: int) -> list[tuple[str, int]]
                 "epilogues can be split into groups"
             )
         tainted.append(out)
-        found.append((block.name_hint, dim))
+        found.append((block.name_hint, out))
 
     blocks = []
     structural_walk(func.body, (SBlock, blocks.append))
@@ -302,15 +290,7 @@ def _nest_of(func: tirx.PrimFunc, name: str):
 def _reduction_nest(func: tirx.PrimFunc):
     """The loops (outermost first) and realize of the one reducing block, when TE-shaped."""
     reducing = []
-    structural_walk(
-        func.body,
-        (
-            SBlock,
-            lambda b: (
-                reducing.append(b) if any(iv.iter_type == REDUCE for iv in b.iter_vars) else None
-            ),
-        ),
-    )
+    structural_walk(func.body, (SBlock, lambda b: reducing.append(b) if is_reduction(b) else None))
     if len(reducing) != 1:
         return None
     found = _nests(func, lambda b: b.same_as(reducing[0]))
@@ -344,7 +324,7 @@ def _nests(func: tirx.PrimFunc, wanted) -> list:
 
 def _group_axis(block: SBlock):
     """The spatial iteration variable read as ``f // d``, and ``d``; ``None`` when none is."""
-    spatial = {iv.var: iv for iv in block.iter_vars if iv.iter_type == 0}
+    spatial = {iv.var: iv for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
     written = set()
     for region in block.writes:
         for r in region.region:

@@ -25,7 +25,7 @@ from tvm import tirx
 
 from .._compat import Schedule, dlight
 from ..analysis.flops import multiply_accumulates
-from .decisions import REDUCE, OwnScheduleRule, bind_leftovers, only_reduction
+from .decisions import OwnScheduleRule, bind_leftovers, only_reduction
 
 MAX_REDUCTION = 512
 THREADS = 128
@@ -58,13 +58,16 @@ class StreamKDepthwise(OwnScheduleRule):
         ):
             return False
         kinds = [iv.iter_type for iv in block.iter_vars]
-        # TE order: every spatial axis, then every reduction axis, loop i binding variable i.
-        if kinds != sorted(kinds) or REDUCE not in kinds:
+        # TE order: every spatial axis, then every reduction axis (only_reduction found one),
+        # loop i binding variable i.
+        if kinds != sorted(kinds):
             return False
-        reduction = prod(int(iv.dom.extent) for iv in block.iter_vars if iv.iter_type == REDUCE)
+        reduction = prod(
+            int(iv.dom.extent) for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce
+        )
         if reduction > MAX_REDUCTION:
             return False
-        _schedule(sch, main, kinds.index(REDUCE))
+        _schedule(sch, main, kinds.index(tirx.IterVar.CommReduce))
         return True
 
 

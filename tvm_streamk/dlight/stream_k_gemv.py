@@ -26,7 +26,7 @@ from math import prod
 from tvm import tirx
 
 from .._compat import Schedule, dlight, structural_walk
-from .decisions import REDUCE, OwnScheduleRule, bind_leftovers, only_reduction
+from .decisions import OwnScheduleRule, bind_leftovers, only_reduction
 
 MAX_ROWS = 8
 THREADS = 128
@@ -65,8 +65,8 @@ def _low_batch_shape(sch: Schedule):
     if not all(isinstance(iv.dom.extent, tirx.IntImm) for iv in block.iter_vars):
         return None
     loops = sch.get_loops(main)
-    spatial = [iv.var for iv in block.iter_vars if iv.iter_type == 0]
-    reduce = [iv.var for iv in block.iter_vars if iv.iter_type == REDUCE]
+    spatial = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    reduce = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
     if len(loops) != len(block.iter_vars) or len(spatial) + len(reduce) != len(loops):
         return None
     extents = {iv.var: int(iv.dom.extent) for iv in block.iter_vars}
@@ -95,7 +95,7 @@ def _schedule(sch: Schedule, main, column, rows, vector: int) -> None:
     pairs = list(zip(block.iter_vars, sch.get_loops(main)))
     j_loop = next(loop for iv, loop in pairs if iv.var.same_as(column))
     row_loops = [loop for iv, loop in pairs if _among(iv.var, rows)]
-    k_loops = [loop for iv, loop in pairs if iv.iter_type == REDUCE]
+    k_loops = [loop for iv, loop in pairs if iv.iter_type == tirx.IterVar.CommReduce]
     k = sch.fuse(*k_loops) if len(k_loops) > 1 else k_loops[0]
     bj, tj = sch.split(j_loop, [None, THREADS])
     ko, ki = sch.split(k, [None, PANEL])
