@@ -26,3 +26,11 @@ def cuda_modules(lib) -> list:
             found.append(mod)
         stack.extend(mod.imports)
     return found
+
+
+def conv_reference_for(kwargs: dict):
+    """The float64 reference of ``workloads.conv(**kwargs)``, as a function of its arguments."""
+    from tvm_streamk import workloads
+
+    geometry = {k: v for k, v in kwargs.items() if k not in ("data_shape", "weight_shape")}
+    return lambda args: workloads.conv_reference(args, **geometry)

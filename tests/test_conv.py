@@ -34,7 +34,7 @@ from .dlight_sites import (
     matmul_site,
     schedule_with,
 )
-from .helpers import block_idx_extents
+from .helpers import block_idx_extents, conv_reference_for
 
 # Only the tests that run kernels take every PoCL in turn.
 on_every_pocl = pytest.mark.usefixtures("opencl")
@@ -99,9 +99,7 @@ EPILOGUE_CASES = {
 }
 
 
-def _reference(kwargs):
-    geometry = {k: v for k, v in kwargs.items() if k not in ("data_shape", "weight_shape")}
-    return lambda args: workloads.conv_reference(args, **geometry)
+_reference = conv_reference_for
 
 
 # The second layout of 1-D and 3-D runs one fix-up by default, to keep the suite near a minute.

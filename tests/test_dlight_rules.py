@@ -19,6 +19,7 @@ from tvm_streamk.dlight import Decisions, StreamKDepthwise, StreamKGEMV, StreamK
 from tvm_streamk.dlight.group_axis import split_group_axis
 
 from .dlight_sites import A100, FIXUPS, FP32_TOL, schedule_with
+from .helpers import conv_reference_for
 
 on_every_pocl = pytest.mark.usefixtures("opencl")
 
@@ -159,8 +160,7 @@ def test_depthwise_rule_matches_float64(case, policy, fixup):
     assert split_group_axis(func) is None
     mod, plan = _scheduled(StreamKDepthwise, func, policy, fixup)
     args = workloads.random_args(func)
-    geometry = {k: v for k, v in kwargs.items() if k not in ("data_shape", "weight_shape")}
-    _check(mod, plan, args, workloads.conv_reference(args, **geometry), policy)
+    _check(mod, plan, args, conv_reference_for(kwargs)(args), policy)
 
 
 def test_depthwise_rule_heuristic_keeps_one_panel_data_parallel():

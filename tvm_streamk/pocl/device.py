@@ -34,7 +34,7 @@ import platform
 import re
 import tempfile
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -107,7 +107,8 @@ class Executor:
 
     @property
     def context(self):
-        """The executor's ``pyopencl.Context`` (one per process, so programs can be reused)."""
+        """The executor's ``pyopencl.Context`` (one per process, so programs can be reused;
+        :func:`with_fresh_context` makes another)."""
         return self._handles[1]
 
     @property
@@ -282,6 +283,26 @@ def use(executor: Executor | str):
         yield chosen
     finally:
         _state.executor = previous
+
+
+def with_fresh_context(executor: Executor | str) -> Executor:
+    """A copy of ``executor`` on a new context and queue of its device.
+
+    Oclgrind keeps its uninitialised-value shadow memory per context and never drops the
+    shadow of a released buffer (21.10 has no deallocation hook), while its allocator hands a
+    released buffer's index to the next buffer. A buffer the host never writes (a workspace)
+    then inherits a stale shadow: a shorter one makes the kernel's own stores past its end
+    vanish and their reads count as uninitialised; a longer, clean one hides a real read before
+    a write. A check that must see only its own buffers runs on a fresh context.
+    """
+    import pyopencl as cl
+
+    base = find(executor) if isinstance(executor, str) else executor
+    if not base.usable:
+        raise _unavailable((base,))
+    context = cl.Context([base.cl_device])
+    queue = cl.CommandQueue(context, properties=cl.command_queue_properties.PROFILING_ENABLE)
+    return replace(base, _handles=(base.cl_device, context, queue))
 
 
 def usable_executors(simulators: bool = False) -> tuple[Executor, ...]:

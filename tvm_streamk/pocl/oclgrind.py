@@ -129,7 +129,8 @@ def check(mod, *arrays, pipeline: str = "default", func_name: str | None = None)
     DeviceUnavailableError
         When Oclgrind is not installed (``bash scripts/install-opencl``).
     """
-    with device.use("oclgrind"):
+    # A fresh simulator context, so that no buffer inherits an earlier check's shadow memory.
+    with device.use(device.with_fresh_context("oclgrind")):
         kernel = runner.compile(mod, pipeline, func_name=func_name)
         start = device.oclgrind_log_offset()
         outputs = kernel.run(*arrays)
