@@ -23,10 +23,11 @@ from .helpers import conv_reference_for
 
 on_every_pocl = pytest.mark.usefixtures("opencl")
 
-# The rules take a policy, not split counts: split-K reaches them through the heuristic.
+# Every policy with its knobs, as the rules take them (split-K with its split count).
 DECISIONS = {
     "stream_k": {"policy": "stream_k"},
     "hybrid": {"policy": "hybrid"},
+    "split_k": {"policy": "split_k", "splits": 2},
     "data_parallel": {"policy": "data_parallel"},
 }
 
@@ -214,3 +215,25 @@ def test_depthwise_schedule_is_a_stream_k_site():
     func = workloads.conv(**DEPTHWISE_CASES["nhwc-5x5-stride2-multiplier2"])
     scheduled, taken = schedule_with(func, StreamKDepthwise)
     assert taken == "StreamKDepthwise" and first_site(scheduled) is not None
+
+
+def test_rules_refuse_policy_knobs_that_no_kernel_could_take():
+    # Checked once when the rule is made, not recorded per kernel in ``skipped``.
+    from tvm_streamk.decomposition import DecompositionError
+
+    with pytest.raises(DecompositionError, match="policy='split_k' needs splits=S"):
+        StreamKGEMV(policy="split_k")
+    with pytest.raises(DecompositionError, match="splits=2 only applies to policy='split_k'"):
+        StreamKMatmul(policy="stream_k", splits=2)
+    with pytest.raises(DecompositionError, match="splits must be a positive int, found 0"):
+        StreamKDepthwise(policy="split_k", splits=0)
+
+
+def test_the_pipeline_rules_share_the_policy_knobs():
+    from tvm_streamk.relax_pipeline import schedule_rules
+
+    rule = StreamKMatmul(num_sms=3, policy="split_k", splits=2)
+    ours = [r for r in schedule_rules(rule) if hasattr(r, "config")]
+    assert [type(r).__name__ for r in ours] == ["StreamKMatmul", "StreamKGEMV", "StreamKDepthwise"]
+    assert {r.config for r in ours} == {rule.config}
+    assert all(r.decisions is rule.decisions for r in ours)

@@ -161,6 +161,8 @@ def model_report(
     blocks_per_sm=None,
     policy: str = "heuristic",
     fixup: str = "auto",
+    splits: int | None = None,
+    variant: str | None = None,
 ) -> ModelReport:
     """Report, per fused kernel of the Relax model ``mod``, its work and its Stream-K decision.
 
@@ -170,7 +172,7 @@ def model_report(
         The Relax model, as a frontend imports it (``from_onnx``, ``from_exported_program``).
     target : Target or str
         The CUDA target to schedule for, as for :func:`tvm_streamk.relax_pipeline`.
-    num_sms, blocks_per_sm, policy, fixup
+    num_sms, blocks_per_sm, policy, fixup, splits, variant
         As for :func:`tvm_streamk.relax_pipeline`.
 
     Returns
@@ -192,7 +194,7 @@ def model_report(
     with target:
         fused = tvm.transform.Sequential(fusion_passes(target))(mod)
     calls = _call_counts(fused)
-    rule = StreamKMatmul(num_sms, blocks_per_sm, policy, fixup)
+    rule = StreamKMatmul(num_sms, blocks_per_sm, policy, fixup, splits=splits, variant=variant)
     rules = schedule_rules(rule)
     report = ModelReport(_label(target, label))
     for gv, func in fused.functions.items():

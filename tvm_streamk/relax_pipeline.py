@@ -26,14 +26,23 @@ from .dlight import StreamKDepthwise, StreamKGEMV, StreamKMatmul
 CUDA_BACKEND = "tvm.relax.backend.cuda.pipeline"
 
 
-def relax_pipeline(target, *, num_sms=None, blocks_per_sm=None, policy="heuristic", fixup="auto"):
+def relax_pipeline(
+    target,
+    *,
+    num_sms=None,
+    blocks_per_sm=None,
+    policy="heuristic",
+    fixup="auto",
+    splits=None,
+    variant=None,
+):
     """The Relax pipeline for ``target`` (a CUDA target or tag) with Stream-K matmuls.
 
     Parameters
     ----------
     target : Target or str
         A CUDA target; its tag gives the SM count unless ``num_sms`` is passed.
-    num_sms, blocks_per_sm, policy, fixup
+    num_sms, blocks_per_sm, policy, fixup, splits, variant
         As for :func:`tvm_streamk.stream_k`.
 
     Returns
@@ -50,7 +59,7 @@ def relax_pipeline(target, *, num_sms=None, blocks_per_sm=None, policy="heuristi
             "Schedule other targets with dlight and tvm_streamk.stream_k directly."
         )
     cuda = importlib.import_module(CUDA_BACKEND)
-    rule = StreamKMatmul(num_sms, blocks_per_sm, policy, fixup)
+    rule = StreamKMatmul(num_sms, blocks_per_sm, policy, fixup, splits=splits, variant=variant)
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_streamk.relax_pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -88,12 +97,12 @@ def schedule_rules(rule: StreamKMatmul) -> list:
     :class:`~tvm_streamk.dlight.StreamKGEMV` for the low-batch matmuls with a K-major weight
     that ``gpu.GEMV`` declines and :class:`~tvm_streamk.dlight.StreamKDepthwise` for short
     multiply-accumulate reductions (depthwise convolutions)."""
-    c = rule.config
+    knobs = rule.config.rule_kwargs
     return [
         rule,
         dlight.gpu.GEMV(),
-        StreamKGEMV(c.num_sms, c.blocks_per_sm, c.policy, c.fixup, decisions=rule.decisions),
-        StreamKDepthwise(c.num_sms, c.blocks_per_sm, c.policy, c.fixup, decisions=rule.decisions),
+        StreamKGEMV(**knobs, decisions=rule.decisions),
+        StreamKDepthwise(**knobs, decisions=rule.decisions),
         dlight.gpu.Reduction(),
         dlight.gpu.GeneralReduction(),
         dlight.gpu.Fallback(),

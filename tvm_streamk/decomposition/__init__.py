@@ -26,12 +26,13 @@ where that keeps loop extents constant.
 
 from . import data_parallel, hybrid, policy, split_k, stream_k
 from .ops import INT_OPS, DecompositionError, IntOps, Ops
-from .plans import MAX_RUNTIME_SMS, Plan, plan
+from .plans import MAX_RUNTIME_SMS, Plan, check_policy_args, plan
 from .policy import Policy, register
 from .run_time import RuntimeTilesPlan, plan_at_run_time
 from .tile_order import tile_order
 
 __all__ = [
+    "check_policy_args",
     "INT_OPS",
     "MAX_RUNTIME_SMS",
     "DecompositionError",

@@ -290,6 +290,40 @@ def _check_plan(p: Plan) -> None:
             )
 
 
+def check_policy_args(policy, splits=None, variant=None):
+    """Check what of ``(policy, splits, variant)`` no shape decides: a known policy, ``splits``
+    only for a policy that takes it (and then required), ``variant`` only for one with variants.
+
+    Returns the concrete policy's rule, or None for a chooser (``"heuristic"``).
+
+    Raises
+    ------
+    DecompositionError
+        Naming the argument, what was found and what to pass instead.
+    """
+    choose = registry.chooser(policy) if isinstance(policy, str) else None
+    rule = None if choose is not None else _concrete(policy)
+    if splits is not None and (rule is None or not rule.takes_splits):
+        takers = _spelled(p.name for p in registry.concrete() if p.takes_splits)
+        raise DecompositionError(
+            f"splits={splits!r} only applies to policy={takers}, found policy={policy!r}; "
+            f"drop splits or ask for {takers}"
+        )
+    if variant is not None and (rule is None or not registry.variants(policy)):
+        takers = _spelled(p.name for p in registry.concrete() if p.variant)
+        raise DecompositionError(
+            f"variant={variant!r} only applies to policy={takers}, found policy={policy!r}; "
+            f"drop variant or ask for {takers}"
+        )
+    if rule is not None and rule.takes_splits and splits is None:
+        raise DecompositionError(
+            f"policy={policy!r} needs splits=S with 1 <= S <= panels, found splits=None"
+        )
+    if splits is not None:
+        positive_int("splits", splits, "a split count of at least 1")
+    return rule
+
+
 def plan(
     tiles: int,
     panels: int,
@@ -352,19 +386,7 @@ def plan(
     panels = positive_int("panels", panels, "the number of K-panels per tile")
     blocks_per_sm = positive_int("blocks_per_sm", blocks_per_sm, "the resident blocks per SM")
     choose = registry.chooser(policy) if isinstance(policy, str) else None
-    rule = None if choose is not None else _concrete(policy)
-    if splits is not None and (rule is None or not rule.takes_splits):
-        takers = _spelled(p.name for p in registry.concrete() if p.takes_splits)
-        raise DecompositionError(
-            f"splits={splits!r} only applies to policy={takers}, found policy={policy!r}; "
-            f"drop splits or ask for {takers}"
-        )
-    if variant is not None and (rule is None or not registry.variants(policy)):
-        takers = _spelled(p.name for p in registry.concrete() if p.variant)
-        raise DecompositionError(
-            f"variant={variant!r} only applies to policy={takers}, found policy={policy!r}; "
-            f"drop variant or ask for {takers}"
-        )
+    rule = check_policy_args(policy, splits, variant)
     if num_sms is not None:
         num_sms = positive_int("num_sms", num_sms, "the SM count of the GPU")
     elif choose is not None or rule.needs_num_sms:
@@ -385,10 +407,6 @@ def plan(
         )
     rule = registry.get(policy, variant)
     if rule.takes_splits:
-        if splits is None:
-            raise DecompositionError(
-                f"policy={policy!r} needs splits=S with 1 <= S <= panels, found splits=None"
-            )
         splits = positive_int("splits", splits, f"a split count in [1, {panels}]")
     else:
         splits = 1

@@ -9,6 +9,7 @@ from tvm import tirx
 
 from .._compat import Schedule, dlight, param_buffers
 from ..analysis import first_site, is_reduction, refusals
+from ..decomposition import check_policy_args
 from ..errors import StreamKError
 from ..gpus import UnknownGPUError, num_sms_for_target
 from ..schedule import stream_k
@@ -16,12 +17,25 @@ from ..schedule import stream_k
 
 @dataclass(frozen=True)
 class Config:
-    """Knobs of the rules; ``num_sms=None`` reads the target's tag or arch."""
+    """Knobs of the rules, as for :func:`tvm_streamk.stream_k`; ``num_sms=None`` reads the
+    target's tag or arch, ``splits`` serves ``policy="split_k"`` and ``variant`` a policy's
+    variant (``"two_tile"`` of the hybrid)."""
 
     num_sms: int | None = None
     blocks_per_sm: int | None = None
     policy: str = "heuristic"
     fixup: str = "auto"
+    splits: int | None = None
+    variant: str | None = None
+
+    def __post_init__(self) -> None:
+        # What no kernel's shape decides is refused here, not once per kernel in ``skipped``.
+        check_policy_args(self.policy, self.splits, self.variant)
+
+    @property
+    def rule_kwargs(self) -> dict:
+        """The keywords a rule's constructor takes to carry these knobs."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 @dataclass
@@ -37,10 +51,22 @@ class Decisions:
 
 
 class RecordsDecisions:
-    """The knobs and the record of a Stream-K dlight rule (mixed into each rule class)."""
+    """The knobs and the record of a Stream-K dlight rule (mixed into each rule class, before
+    the dlight base whose constructor it calls)."""
 
-    def _record_decisions(self, num_sms, blocks_per_sm, policy, fixup, decisions) -> None:
-        self.config = Config(num_sms, blocks_per_sm, policy, fixup)
+    def __init__(
+        self,
+        num_sms=None,
+        blocks_per_sm=None,
+        policy="heuristic",
+        fixup="auto",
+        decisions=None,
+        *,
+        splits=None,
+        variant=None,
+    ):
+        super().__init__()
+        self.config = Config(num_sms, blocks_per_sm, policy, fixup, splits, variant)
         self.decisions = Decisions() if decisions is None else decisions
 
     @property
@@ -56,12 +82,6 @@ class RecordsDecisions:
 
 class OwnScheduleRule(RecordsDecisions, dlight.gpu.base.GPUScheduleRule):
     """A rule that writes its own schedule (:meth:`schedule`), then records a decision on it."""
-
-    def __init__(
-        self, num_sms=None, blocks_per_sm=None, policy="heuristic", fixup="auto", decisions=None
-    ):
-        super().__init__()
-        self._record_decisions(num_sms, blocks_per_sm, policy, fixup, decisions)
 
     def schedule(self, sch: Schedule) -> bool:
         """Schedule ``sch`` in place; False (``sch`` untouched) when the rule does not apply."""
@@ -106,6 +126,8 @@ def decide(rule, name: str, sch: Schedule, target) -> None:
             blocks_per_sm=config.blocks_per_sm,
             policy=config.policy,
             fixup=config.fixup,
+            splits=config.splits,
+            variant=config.variant,
             target=target,
         )
     except StreamKError as err:

@@ -29,7 +29,7 @@ class StreamKMatmul(RecordsDecisions, dlight.gpu.Matmul):
     ----------
     num_sms : int, optional
         SM count of the GPU; by default looked up from the target (a clear error when unknown).
-    blocks_per_sm, policy, fixup
+    blocks_per_sm, policy, fixup, splits, variant
         As for :func:`tvm_streamk.stream_k` (by default the grid is sized for the built
         kernel's resident blocks per SM).
     decisions : Decisions, optional
@@ -44,12 +44,6 @@ class StreamKMatmul(RecordsDecisions, dlight.gpu.Matmul):
             mod = dl.ApplyDefaultSchedule(StreamKMatmul(), dl.gpu.Fallback())(mod)
         lib = tvm.compile(mod, target="nvidia/nvidia-h100", tir_pipeline="tvm_streamk")
     """
-
-    def __init__(
-        self, num_sms=None, blocks_per_sm=None, policy="heuristic", fixup="auto", decisions=None
-    ):
-        super().__init__()
-        self._record_decisions(num_sms, blocks_per_sm, policy, fixup, decisions)
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool):
         # sm_90a (the H100 tag) gets the tensor-core schedule sm_90 gets (_compat docstring).
