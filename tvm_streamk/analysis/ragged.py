@@ -29,6 +29,7 @@ from tvm import tirx
 
 from .._compat import SBlock, SBlockRealize, arith, dtype_of, structural_map, structural_walk
 from ..errors import StreamKError
+from .blocks import uses_var
 
 RAGGED_ATTR = "tvm_streamk.ragged"
 # A tagged global scope: schedules accept it, and a build that skips the view lowering fails
@@ -204,7 +205,7 @@ def ragged_space(
             f"the group index {index[0]} of {wb.output.name} is not a tile band loop",
             "Bind the group (batch) axis of the grouped GEMM to its own blockIdx loop.",
         )
-    row_uses = [i for i, v in enumerate(band_vars) if _uses(index[1], v)]
+    row_uses = [i for i, v in enumerate(band_vars) if uses_var(index[1], v)]
     if len(row_uses) != 1 or row_uses[0] == group_axis:
         _refuse(
             f"the row index {index[1]} of {wb.output.name} uses band loops "
@@ -262,12 +263,6 @@ def _store_index(block: SBlock, buffer: tirx.Buffer, realize: SBlockRealize) -> 
         return next((val for var, val in binding.items() if var.same_as(v)), v)
 
     return [structural_map(i, (tirx.Var, bound)) for i in found[0]]
-
-
-def _uses(expr, var: tirx.Var) -> bool:
-    hits = []
-    structural_walk(expr, (tirx.Var, lambda v: hits.append(v) if v.same_as(var) else None))
-    return bool(hits)
 
 
 def _is_zero(expr) -> bool:
