@@ -19,7 +19,7 @@ from tvm.s_tir import meta_schedule as ms
 import tvm_streamk
 from tvm_streamk import annotations as ann
 from tvm_streamk import meta_schedule as skms
-from tvm_streamk import pocl, workloads
+from tvm_streamk import pocl, ptxas, workloads
 from tvm_streamk.errors import StreamKError
 from tvm_streamk.meta_schedule.annotate import policy_code, without_stream_k
 from tvm_streamk.meta_schedule.builder import ir_path
@@ -237,6 +237,88 @@ def test_annotate_gives_a_fragment_accumulator_only_aligned_splits():
         sch, block, num_sms=108, policy="split_k", splits=aligned, fixup="workspace", target=target
     )
     assert plan.grid == site.tiles * aligned
+
+
+# ---------------------------------------------------------------------------------------------
+# The tensor-core design space: twins of the blockized MMA update, built for sm_80 and sm_90
+
+TC_FUNC = workloads.gemm(512, 512, 2048, in_dtype="float16", out_dtype="float32")
+TC_TARGETS = {"sm_80": "nvidia/nvidia-a100", "sm_90": "nvidia/nvidia-h100"}
+
+
+def _tensor_core_context(target: str, **kwargs) -> ms.TuneContext:
+    return ms.TuneContext(
+        mod=tvm.IRModule({"main": TC_FUNC.with_attr("global_symbol", "main")}),
+        target=tvm.target.Target(target),
+        space_generator=skms.space(kind="cuda-tensorcore"),
+        task_name="main",
+        rand_state=1,
+        num_threads=2,
+        **kwargs,
+    )
+
+
+def _sampled(trace, key):
+    return [int(c) for c in _knob_samplers(trace)[key].attrs[0]]
+
+
+def test_tensor_core_space_adds_aligned_split_twins_of_the_mma_update():
+    spaces = _tensor_core_context(H100).generate_design_space()
+    twins = [s for s in spaces if skms.has_stream_k(s.mod)]
+    assert twins and len(twins) == len(spaces) - len(twins)
+    for sch in twins:
+        block = _decision_block(sch.mod)
+        # The rule sees the update blockized by MultiLevelTilingTensorCore and marked for
+        # RewriteTensorize, not yet tensorized: the decision goes on the blockized block.
+        assert block.name_hint == "C_o" and block.init is not None
+        assert "mma" in str(block.annotations["meta_schedule.auto_tensorize"])
+        site = skms.site_of(sch, "C_o")
+        assert site.fragment_accumulator
+        # Fragments take the aligned split only: split-K, the workspace fix-up, and split
+        # counts dividing the panel count of this tiling.
+        assert _sampled(sch.trace, ann.KEY_POLICY) == [policy_code("split_k")]
+        assert _sampled(sch.trace, ann.KEY_FIXUP) == [1]
+        splits = _sampled(sch.trace, ann.KEY_SPLITS)
+        assert splits and all(site.panels % s == 0 for s in splits), (site.panels, splits)
+
+
+def test_rule_passes_on_a_tensorized_inner_block_it_cannot_take():
+    """The inner block of a blockized update whose parent is no Stream-K site is left alone."""
+    spaces = _tensor_core_context(H100).generate_design_space()
+    sch = next(s for s in spaces if not skms.has_stream_k(s.mod)).copy()
+    sch.unannotate(sch.get_sblock("C_o"), "meta_schedule.auto_tensorize")
+    rule = skms.StreamKRule(num_sms=H100_SMS)
+    assert rule.apply(sch, sch.get_sblock("C")) == [sch]
+
+
+@pytest.mark.parametrize("arch", list(TC_TARGETS))
+def test_tensor_core_round_builds_stream_k_candidates(arch):
+    target = TC_TARGETS[arch]
+    context = _tensor_core_context(target, search_strategy=ms.search_strategy.ReplayTrace())
+    context.pre_tuning(
+        max_trials=16, num_trials_per_iter=16, cost_model=ms.cost_model.RandomModel()
+    )
+    candidates = [c for c in context.generate_measure_candidates() if skms.has_stream_k(c.sch.mod)]
+    assert candidates, "the round must hold Stream-K candidates"
+    builder = skms.stream_k_builder(max_workers=2)
+    results = builder.build(
+        [ms.builder.BuilderInput(c.sch.mod, context.target) for c in candidates]
+    )
+    try:
+        for candidate, result in zip(candidates, results):
+            assert result.error_msg is None, result.error_msg
+            # Postprocs tensorized the update; the decision stayed on it.
+            block = _decision_block(candidate.sch.mod)
+            assert block.name_hint == "C_o_update"
+            source = skms.build(candidate.sch.mod, context.target).module.mod.imports[0]
+            source = source.inspect_source()
+            assert "wmma::mma_sync" in source and "blockIdx.z" in source, "not an aligned split"
+            if ptxas.available():
+                assert ptxas.resources(source, arch), "ptxas compiled no kernel"
+    finally:
+        for result in results:
+            if result.artifact_path is not None:
+                shutil.rmtree(os.path.dirname(str(result.artifact_path)), ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ def needs_safe_reuse(mod: tvm.IRModule) -> bool:
     return False
 
 
-def _with_safe_reuse(mod: tvm.IRModule, run):
+def with_safe_reuse(mod: tvm.IRModule, run):
     """``run(mod)``, with StorageRewrite's reuse off where it would break the build."""
     ctx = tvm.transform.PassContext.current()
     if SAFE_REUSE_CONFIG in ctx.config or not needs_safe_reuse(mod):
@@ -93,7 +93,7 @@ def stream_k_pipeline():
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_streamk.pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        lowered = _with_safe_reuse(LowerRaggedViews()(LowerStreamK()(mod)), base)
+        lowered = with_safe_reuse(LowerRaggedViews()(LowerStreamK()(mod)), base)
         return ResolveDeviceSMs()(BoundRunTimeAllocations(lowered))
 
     return _pipeline, finalize_host, finalize_device
@@ -134,7 +134,7 @@ def _guarded(name: str, factory):
         @tvm.transform.module_pass(opt_level=0, name=f"tvm_streamk.guarded_{name}")
         def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
             refuse_unlowered(mod, name)
-            return _with_safe_reuse(mod, base) if name in ("default", BASE) else base(mod)
+            return with_safe_reuse(mod, base) if name in ("default", BASE) else base(mod)
 
         return _pipeline, finalize_host, finalize_device
 

@@ -9,7 +9,14 @@
 - :mod:`.flops`: the work of an unscheduled kernel.
 """
 
-from .blocks import blocks_under, find_block_path, is_reduction, sblock_rv
+from .blocks import (
+    blockized_parent,
+    blocks_under,
+    find_block_path,
+    function_of,
+    is_reduction,
+    sblock_rv,
+)
 from .ragged import COND_RAGGED, RAGGED_ATTR, RAGGED_SCOPE, RaggedSpace, ragged_views
 from .site import (
     COND_ACCUMULATOR,
@@ -48,9 +55,11 @@ __all__ = [
     "WriteBack",
     "analyze",
     "analyze_block",
+    "blockized_parent",
     "blocks_under",
     "find_block_path",
     "first_site",
+    "function_of",
     "ragged_views",
     "is_reduction",
     "refusals",

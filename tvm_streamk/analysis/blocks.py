@@ -62,6 +62,30 @@ def blocks_under(stmt) -> list[SBlock]:
     return found
 
 
+def function_of(mod, block: SBlock) -> tirx.PrimFunc:
+    """The PrimFunc of ``mod`` that holds ``block`` itself (the block an ``SBlockRV`` names):
+    block names repeat across the functions of a module."""
+    for func in mod.functions.values():
+        if isinstance(func, tirx.PrimFunc) and any(
+            b.same_as(block) for b in blocks_under(func.body)
+        ):
+            return func
+    raise StreamKError(
+        COND_BLOCK,
+        f"block {block.name_hint!r} in no PrimFunc of the module",
+        "Pass a block of this schedule's module.",
+    )
+
+
+def blockized_parent(path) -> SBlock | None:
+    """The reduction block that the last block of ``path`` (:func:`find_block_path`) is the
+    inner block of -- ``blockize`` (tensorization) made it -- or None."""
+    for outer in path[:-1]:
+        if isinstance(outer, SBlockRealize) and is_reduction(outer.block):
+            return outer.block
+    return None
+
+
 def uses_var(expr, var: tirx.Var) -> bool:
     """Whether ``var`` occurs in ``expr``."""
     hit = []

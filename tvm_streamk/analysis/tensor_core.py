@@ -47,11 +47,8 @@ def _fragment_written(block: SBlock) -> tirx.Buffer | None:
 
 
 def _names_an_mma(intrinsic) -> bool:
-    try:
-        impl = tvm.s_tir.TensorIntrin.get(str(intrinsic)).implementation
-    except Exception:  # noqa: BLE001 - TVM raises a bare error for an unknown name
-        return False
-    return bool(calls(impl.body, MMA_INTRINSICS))
+    found = tvm.s_tir.TensorIntrin.get(str(intrinsic), allow_missing=True)
+    return found is not None and bool(calls(found.impl.body, MMA_INTRINSICS))
 
 
 def fragment_update(block: SBlock) -> tirx.Buffer | None:
@@ -60,14 +57,23 @@ def fragment_update(block: SBlock) -> tirx.Buffer | None:
     acc = _fragment_written(block)
     if acc is None:
         return None
-    return acc if calls(block.body, MMA_INTRINSICS) else None
+    if calls(block.body, MMA_INTRINSICS):
+        return acc
+    marked = block.annotations.get(AUTO_TENSORIZE)
+    if marked is not None and _names_an_mma(marked):
+        return acc
+    return None
 
 
 def zero_fill(stmt, acc: tirx.Buffer) -> bool:
     """Whether ``stmt`` fills the fragment accumulator ``acc`` with zeros and does nothing else:
     fill intrinsics of 0 (tensorized), or stores of 0 to ``acc`` (still to be tensorized)."""
     fills = calls(stmt, FILL_INTRINSICS)
-    return bool(fills) and all(is_zero(call.args[-1]) for call in fills)
+    if fills:
+        return all(is_zero(call.args[-1]) for call in fills)
+    stores = []
+    structural_walk(stmt, (tirx.BufferStore, stores.append))
+    return bool(stores) and all(s.buffer.same_as(acc) and is_zero(s.value) for s in stores)
 
 
 def staging(block: SBlock, acc: tirx.Buffer) -> tirx.Buffer:

@@ -20,7 +20,17 @@ from .._compat import (
     structural_equal,
 )
 from ..errors import StreamKError
-from .blocks import blocks_under, find_block_path, is_reduction, is_zero, reads, uses_var, writes
+from .blocks import (
+    blockized_parent,
+    blocks_under,
+    find_block_path,
+    function_of,
+    is_reduction,
+    is_zero,
+    reads,
+    uses_var,
+    writes,
+)
 from .ragged import RAGGED_SCOPE, ragged_space
 from .site import (
     COND_ACCUMULATOR,
@@ -51,6 +61,12 @@ def _check_add_update(block: SBlock) -> tirx.Buffer:
     """The block must be ``acc[idx] = acc[idx] + rhs`` (either order) over one written buffer."""
     fragment = fragment_update(block)
     if fragment is not None:
+        if block.init is not None and not zero_fill(block.init, fragment):
+            raise StreamKError(
+                COND_REDUCTION,
+                f"block {block.name_hint!r} initialises {fragment.name} with `{block.init}`",
+                "A split reduction needs the Add identity (0) as its initial value.",
+            )
         return fragment
     body = block.body
     if len(block.writes) != 1 or not isinstance(body, tirx.BufferStore):
@@ -136,7 +152,13 @@ def analyze(func: tirx.PrimFunc, block_name: str) -> StreamKSite:
 
     band_body = band[-1].body
     in_panel = {b.name_hint for b in blocks_under(panel)}
-    nested = {b.name_hint for b in blocks_under(block.body)}
+    # Blocks inside the update, its T.init included (a blockized update's init is a block).
+    nested = {
+        b.name_hint
+        for part in (block.body, block.init)
+        if part is not None
+        for b in blocks_under(part)
+    }
     init_block = None
     stage = None
     readers = []
@@ -214,16 +236,7 @@ def analyze(func: tirx.PrimFunc, block_name: str) -> StreamKSite:
 def analyze_block(mod, block: SBlock) -> StreamKSite:
     """:func:`analyze` ``block`` (the block an ``SBlockRV`` names) in the PrimFunc of ``mod``
     that holds that very block: names repeat across the functions of a module."""
-    for func in mod.functions.values():
-        if isinstance(func, tirx.PrimFunc) and any(
-            b.same_as(block) for b in blocks_under(func.body)
-        ):
-            return analyze(func, block.name_hint)
-    raise StreamKError(
-        COND_BLOCK,
-        f"block {block.name_hint!r} in no PrimFunc of the module",
-        "Pass a block of this schedule's module.",
-    )
+    return analyze(function_of(mod, block), block.name_hint)
 
 
 def first_site(func: tirx.PrimFunc) -> StreamKSite | None:
@@ -323,15 +336,15 @@ def _kind(loop: tirx.For) -> str:
 
 def _check_not_inside_a_reduction(path) -> None:
     """Refuse the inner block of a blockized (tensorized) reduction: its parent is the one."""
-    block = path[-1].block
-    for outer in path[:-1]:
-        if isinstance(outer, SBlockRealize) and is_reduction(outer.block):
-            raise StreamKError(
-                COND_BLOCK,
-                f"block {block.name_hint!r} is the inner block of the blockized reduction "
-                f"{outer.block.name_hint!r} (a tensorized schedule)",
-                f"Pass its blockized parent {outer.block.name_hint!r}.",
-            )
+    outer = blockized_parent(path)
+    if outer is not None:
+        name = path[-1].block.name_hint
+        raise StreamKError(
+            COND_BLOCK,
+            f"block {name!r} is the inner block of the blockized reduction "
+            f"{outer.name_hint!r} (a tensorized schedule)",
+            f"Pass its blockized parent {outer.name_hint!r}.",
+        )
 
 
 def _panel_loop(block, inner_loops, reduce_vars, spatial_values) -> tirx.For:

@@ -10,6 +10,7 @@ from tvm.ir.utils import derived_object
 from .. import annotations as ann
 from .. import gpus
 from .._compat import Schedule, meta_schedule
+from ..analysis import StreamKSite, blockized_parent, find_block_path, function_of, sblock_rv
 from ..decomposition.policy import by_key
 from ..errors import StreamKError
 from .annotate import (
@@ -61,6 +62,24 @@ class StreamKKnobs:
                 raise ValueError(f"StreamKKnobs.{name} must hold ints >= {lowest}; found {bad}")
 
 
+def _tiled_reduction(sch: Schedule, block) -> tuple[str | None, StreamKSite] | None:
+    """The Stream-K site of ``block``, or of the blockized reduction it is the inner block of
+    (with that block's name): the tensor-core tiling rules blockize the update and keep the
+    rule's random variable on the inner block. None when neither qualifies."""
+    try:
+        return None, site_of(sch, block)
+    except StreamKError:
+        pass
+    inner = sch.get(sblock_rv(sch, block))
+    parent = blockized_parent(find_block_path(function_of(sch.mod, inner), inner.name_hint))
+    if parent is None:
+        return None
+    try:
+        return parent.name_hint, site_of(sch, parent.name_hint)
+    except StreamKError:
+        return None
+
+
 def _uniform(n: int) -> list[float]:
     return [1.0 / n] * n
 
@@ -76,7 +95,11 @@ class StreamKRule(meta_schedule.schedule_rule.PyScheduleRule):
     returns the candidate unchanged (data-parallel) and a copy annotated by
     :func:`~tvm_streamk.meta_schedule.annotate.annotate_stream_k`, each knob drawn by
     ``sample_categorical`` so the trace records it and :class:`MutateStreamK` can change it. Any
-    other block is returned unchanged. The reduction keeps its ``T.init`` here; the postprocs
+    other block is returned unchanged. In the ``cuda-tensorcore`` space the rule runs after
+    ``MultiLevelTilingTensorCore``, which blockizes the update, marks it for tensorization and
+    leaves the rule's block variable on the inner block: the twin's decision goes on the
+    blockized update, and only aligned splits of its fragment accumulator are sampled.
+    The reduction keeps its ``T.init`` here; the postprocs
     ``RewriteReductionBlock``, :class:`~tvm_streamk.postproc.RewriteStreamKInit` and
     :class:`~tvm_streamk.postproc.VerifyStreamK` finish the candidate.
 
@@ -112,10 +135,10 @@ class StreamKRule(meta_schedule.schedule_rule.PyScheduleRule):
                 "a StreamKRule used outside a tune context without num_sms",
                 "Pass StreamKRule(num_sms=...) or use it through a TuneContext.",
             )
-        try:
-            site = site_of(sch, block)
-        except StreamKError:
+        found = _tiled_reduction(sch, block)
+        if found is None:
             return [sch]
+        block_name, site = found
         if ann.has_decision(site.block.annotations):
             return [sch]
         fixups = applicable_fixups(site, self.target)
@@ -136,6 +159,8 @@ class StreamKRule(meta_schedule.schedule_rule.PyScheduleRule):
         groups = list(self.knobs.groups) if len(site.band) > 1 else [0]
         twin = sch.copy()
         twin.seed(sch.fork_seed())
+        if block_name is not None:
+            block = twin.get_sblock(block_name)
         values = {
             "policy": [policy_code(p) for p in policies],
             "blocks_per_sm": list(self.knobs.blocks_per_sm),
@@ -147,8 +172,8 @@ class StreamKRule(meta_schedule.schedule_rule.PyScheduleRule):
             name: twin.sample_categorical(candidates=choices, probs=_uniform(len(choices)))
             for name, choices in values.items()
         }
-        # The copy shares the block's random variable; every value sampled above is valid for
-        # this tiling, so annotating cannot fail.
+        # The copy shares the block's random variable (or names the blockized parent); every
+        # value sampled above is valid for this tiling, so annotating cannot fail.
         annotate_stream_k(twin, block, num_sms=self._resolved_sms, target=self.target, **sampled)
         return [sch, twin]
 

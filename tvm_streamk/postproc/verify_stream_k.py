@@ -11,6 +11,7 @@ from ..analysis import analyze, blocks_under
 from ..errors import StreamKError
 from ..meta_schedule.annotate import check_decision
 from ..meta_schedule.view import lowered_view
+from ..pipeline import with_safe_reuse
 
 
 @derived_object
@@ -68,7 +69,10 @@ class VerifyStreamK(meta_schedule.postproc.PyPostproc):
             view = Schedule(lowered_view(sch.mod, self.target))
         except Exception:  # noqa: BLE001 - any failure to lower means the candidate cannot build
             return False
-        return bool(self.verify_gpu_code.apply(view))
+        # Under the pass configuration the build uses (tvm_streamk.pipeline.with_safe_reuse):
+        # without it, TVM 0.27's StorageRewrite breaks the lowering of WMMA kernels whose fix-up
+        # adds a static shared buffer, and the check would refuse kernels that build.
+        return bool(with_safe_reuse(view.mod, lambda _: self.verify_gpu_code.apply(view)))
 
     def clone(self) -> VerifyStreamK:
         verify = VerifyStreamK()
