@@ -72,10 +72,11 @@ def matmul_site(func: tvm.tirx.PrimFunc, rules=(dl.gpu.Matmul,)) -> tuple[Schedu
     return Schedule(scheduled), site.block.name_hint
 
 
-def check_numeric(func, reference, policy: str, fixup: str) -> None:
-    """Stream-K ``policy`` with ``fixup`` on dlight's schedule of ``func``, run on the current
-    PoCL with the output poisoned, matches the float64 ``reference(args)``."""
-    sch, block = matmul_site(func)
+def check_numeric(func, reference, policy: str, fixup: str, schedule=matmul_site) -> None:
+    """Stream-K ``policy`` with ``fixup`` on ``schedule(func)`` (a schedule and its reduction
+    block; dlight's by default), run on the current PoCL with the output poisoned, matches the
+    float64 ``reference(args)``."""
+    sch, block = schedule(func)
     plan = tvm_streamk.stream_k(
         sch, block, target=A100, blocks_per_sm=1, fixup=fixup, **DECISIONS[policy]
     )

@@ -7,9 +7,9 @@ every policy x fix-up on the reference and dlight schedules at uneven shapes (da
 split-K and the one-tile hybrid with -m slow), a MetaSchedule sample (a smaller point of
 test_schedule_sources' space), GEMV, batched GEMM, a fused fp16 epilogue, and the kernels of the
 project's dlight rules (StreamKGEMV, StreamKDepthwise, a grouped convolution through the group
-split with a fused bias). Results are also checked against float64 numpy (fp32 accumulation
-within 1e-5 relative to the largest output). Shapes are small: the simulator runs every
-work-item.
+split with a fused bias) and the project's implicit-GEMM convolution. Results are also checked
+against float64 numpy (fp32 accumulation within 1e-5 relative to the largest output). Shapes
+are small: the simulator runs every work-item.
 """
 
 import numpy as np
@@ -320,6 +320,24 @@ def test_grouped_conv_with_epilogue():
     block = tvm_streamk.analysis.first_site(sch.mod["main"]).block.name_hint
     plan = tvm_streamk.stream_k(
         sch, block, num_sms=4, blocks_per_sm=1, policy="stream_k", fixup="workspace", target=A100
+    )
+    assert plan.split_tiles, plan
+    error, _ = _checked(sch.mod, func, conv_reference_for(kwargs))
+    assert error <= FP32_TOL
+
+
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+def test_implicit_gemm_conv(fixup):
+    # The project's implicit GEMM: the padded input gathered into shared memory per K-panel.
+    # I = 2*5*5 = 50 (4 tiles of 16), J = 6, K = 3*3*4 = 36 (5 panels of 8), 3 SMs; the
+    # workspace case fuses bias + ReLU into the last arriver's write-back.
+    kwargs = dict(data_shape=(2, 9, 9, 4), weight_shape=(3, 3, 4, 6), stride=2, padding=1)
+    kwargs.update(layout="NHWC", epilogue="bias_relu" if fixup == "workspace" else None)
+    func = workloads.conv(**kwargs)
+    sch = workloads.implicit_gemm_schedule(func, bm=16, bn=8, bk=8, tm=2, tn=2)
+    block = tvm_streamk.analysis.first_site(sch.mod["main"]).block.name_hint
+    plan = tvm_streamk.stream_k(
+        sch, block, num_sms=3, blocks_per_sm=1, policy="stream_k", fixup=fixup, target=A100
     )
     assert plan.split_tiles, plan
     error, _ = _checked(sch.mod, func, conv_reference_for(kwargs))

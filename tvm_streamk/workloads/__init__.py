@@ -1,10 +1,11 @@
-"""Workloads: TVMScript builders of the reductions the project targets, a reference GPU schedule,
+"""Workloads: TVMScript builders of the reductions the project targets, GPU schedules of them,
 and the random inputs and float64 references numeric checks use.
 
 ``builders`` holds :func:`gemm`, :func:`batched_gemm` and :func:`gemv`; ``schedules`` the
-:func:`reference_schedule`; ``references`` :func:`random_args`, :func:`reference` and
-:func:`relative_error`; ``relax_models`` :func:`relax_matmul`; ``convolutions`` :func:`conv` (and
-:func:`conv1d`, :func:`conv2d`, :func:`conv3d`) with :func:`conv_reference`; ``contractions``
+:func:`reference_schedule` of a GEMM and the :func:`implicit_gemm_schedule` of a convolution;
+``references`` :func:`random_args`, :func:`reference` and :func:`relative_error`;
+``relax_models`` :func:`relax_matmul`; ``convolutions`` :func:`conv` (and :func:`conv1d`,
+:func:`conv2d`, :func:`conv3d`) with :func:`conv_reference`; ``contractions``
 :func:`contraction` with :func:`contraction_reference`; ``grouped`` :func:`grouped_gemm` (G
 GEMMs of different row counts, mixture-of-experts) with :func:`grouped_args`,
 :func:`grouped_reference`, :func:`moe_offsets` and :func:`sort_by_expert`; ``onnx_models``
@@ -25,7 +26,7 @@ from .grouped import (
 from .onnx_models import ONNX_MODELS, onnx_model
 from .references import random_args, reference, relative_error
 from .relax_models import relax_matmul
-from .schedules import reference_schedule
+from .schedules import implicit_gemm_schedule, reference_schedule
 
 __all__ = [
     "EPILOGUES",
@@ -47,6 +48,7 @@ __all__ = [
     "grouped_args",
     "grouped_gemm",
     "grouped_reference",
+    "implicit_gemm_schedule",
     "moe_offsets",
     "onnx_model",
     "random_args",

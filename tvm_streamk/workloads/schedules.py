@@ -1,15 +1,17 @@
-"""The reference GPU schedule: the canonical data-parallel nest that Stream-K rewrites.
+"""The project's GPU schedules: the canonical data-parallel nest that Stream-K rewrites.
 
 One output tile of ``bm x bn`` per ``blockIdx``, a ``tm x tn`` register tile per thread, the K loop
 split into panels of ``bk`` whose A/B slices are cooperatively staged in shared memory, and the
-reduction decomposed at the panel loop so the accumulator is zeroed once per tile.
+reduction decomposed at the panel loop so the accumulator is zeroed once per tile:
+:func:`reference_schedule` for a GEMM, :func:`implicit_gemm_schedule` for a convolution (or any
+matmul-like reduction) normalised to one first.
 """
 
 from __future__ import annotations
 
 import tvm
 
-from .._compat import Schedule
+from .._compat import Schedule, ScheduleError, dlight
 from .errors import WorkloadError
 
 
@@ -31,11 +33,7 @@ def reference_schedule(
     staged in ``shared`` memory by all threads. A fused epilogue block (``"D"``) becomes the
     accumulator's write-back. Shapes that are not tile multiples are predicated.
     """
-    if bm % tm or bn % tn:
-        raise WorkloadError(
-            f"bm must be a multiple of tm and bn of tn; found bm={bm} tm={tm} bn={bn} tn={tn}"
-        )
-    threads_y, threads_x = bm // tm, bn // tn
+    _check_tiles(bm=bm, bn=bn, tm=tm, tn=tn)
     sch = Schedule(func)
     blk = sch.get_sblock(block)
     loops = sch.get_loops(blk)
@@ -44,19 +42,7 @@ def reference_schedule(
             f"reference_schedule expects a GEMM block with 3 or 4 loops (b, i, j, "
             f"k); found {len(loops)} loops on block {block!r}"
         )
-    batch_loop = loops[0] if len(loops) == 4 else None
-    i, j, k = loops[-3:]
-    bi, ti, ii = sch.split(i, [None, threads_y, tm])
-    bj, tj, jj = sch.split(j, [None, threads_x, tn])
-    ko, ki = sch.split(k, [None, bk])
-    order = ([batch_loop] if batch_loop is not None else []) + [bi, bj, ti, tj, ko, ki, ii, jj]
-    sch.reorder(*order)
-    if batch_loop is not None:
-        sch.bind(batch_loop, "blockIdx.z")
-    sch.bind(bi, "blockIdx.y")
-    sch.bind(bj, "blockIdx.x")
-    sch.bind(ti, "threadIdx.y")
-    sch.bind(tj, "threadIdx.x")
+    ko, tj, depth = _tile(sch, blk, loops, bm=bm, bn=bn, bk=bk, tm=tm, tn=tn)
 
     consumers = sch.get_consumers(blk)
     if consumers:
@@ -69,14 +55,189 @@ def reference_schedule(
         acc = sch.cache_write(blk, 0, "local")
         sch.reverse_compute_at(acc, tj)
 
+    _stage_panels(sch, blk, ko, depth, threads=(bm // tm, bn // tn))
+    return sch
+
+
+def implicit_gemm_schedule(
+    func: tvm.tirx.PrimFunc,
+    *,
+    bm: int = 64,
+    bn: int = 64,
+    bk: int = 16,
+    tm: int = 4,
+    tn: int = 4,
+) -> Schedule:
+    """Schedule a convolution (or another matmul-like reduction) as an implicit GEMM.
+
+    Step 1. Normalise the reduction block to ``C[S, I, J] += A[S, I, K] * B[S, J, K]``: its
+    operands and output are reindexed (``reindex``) and its iteration space fused into the GEMM
+    axes (``transform_block_layout``, with dlight's index maps). For a convolution ``I`` runs
+    over the batch and the output positions (``N*P*Q``), ``J`` over the output channels and
+    ``K`` over the input channels and the kernel window (``C*R*S``), one reduction axis.
+    Step 2. Tile it as :func:`reference_schedule` tiles a GEMM.
+    Step 3. Im2col on the fly: the gather of A (the reindex of the padded input) and the padding
+    are inlined into the copy of each K-panel into shared memory, so no im2col matrix exists;
+    the same for B (the weight reordered to ``J x K``).
+    Step 4. The accumulator stays in registers; the reindex back to the output layout and any
+    elementwise epilogue (bias, ReLU, a residual add) are inlined into its write-back.
+
+    The schedule requires:
+
+    1. one reduction block, whose output, operands and iteration space dlight's matmul index
+       maps describe (a grouped convolution does not qualify: its output channel indexes the
+       input channels, so it has no J axis; see :mod:`tvm_streamk.dlight.group_axis`);
+    2. every producer of the operands (the padding) and every consumer of the output to be
+       elementwise or injective, so that they inline.
+
+    Parameters
+    ----------
+    func : tvm.tirx.PrimFunc
+        The kernel, e.g. :func:`tvm_streamk.workloads.conv`.
+    bm, bn, bk, tm, tn : int
+        The tile (``bm x bn`` outputs, panels of ``bk``) and each thread's register tile.
+
+    Returns
+    -------
+    tvm.s_tir.Schedule
+        The data-parallel kernel. Its update block keeps the name of the reduction block
+        followed by ``_update`` (:func:`tvm_streamk.analysis.first_site` finds it).
+
+    Raises
+    ------
+    WorkloadError
+        Naming the block that breaks a requirement.
+
+    Examples
+    --------
+    >>> func = conv(data_shape=(2, 21, 19, 8), weight_shape=(3, 3, 8, 7), stride=2, padding=1)
+    >>> sch = implicit_gemm_schedule(func)
+    >>> sch.stream_k("conv2d_nhwc_update", num_sms=4, fixup="workspace")
+    """
+    _check_tiles(bm=bm, bn=bn, tm=tm, tn=tn)
+    sch = Schedule(func)
+    blk = _the_reduction(sch)
+    name = sch.get(blk).name_hint
+
+    # Step 1. Normalise to C[S, I, J] += A[S, I, K] * B[S, J, K].
+    operands = [sch.reindex(blk, ("read", 0)), sch.reindex(blk, ("read", 1))]
+    output = sch.reindex(blk, ("write", 0))
+    index_maps = dlight.gpu.matmul.get_index_map(sch.get(blk))
+    if index_maps is None:
+        raise WorkloadError(
+            f"block {name!r} is not a GEMM-like reduction (dlight finds no I, J, K axes in it; "
+            "a grouped convolution has no J axis): schedule it with dlight's rules instead"
+        )
+    block_map, a_map, b_map, c_map = index_maps
+    sch.transform_layout(operands[0], ("write", 0), a_map)
+    sch.transform_layout(operands[1], ("write", 0), b_map)
+    sch.transform_layout(output, ("read", 0), c_map)
+    sch.transform_block_layout(blk, block_map)
+
+    # Step 2. Tile.
+    ko, tj, depth = _tile(sch, blk, sch.get_loops(blk), bm=bm, bn=bn, bk=bk, tm=tm, tn=tn)
+
+    # Step 4 (before 3, which decomposes the reduction). Registers, then one write-back.
+    write_back = sch.cache_write(blk, 0, "local")
+    sch.reverse_compute_at(write_back, tj)
+    _inline_consumers(sch, write_back)
+
+    # Step 3. Im2col on the fly.
+    producers = [[op, *_producer_chain(sch, op)] for op in operands]
+    _stage_panels(sch, blk, ko, depth, threads=(bm // tm, bn // tn), inline=producers)
+    return sch
+
+
+def _the_reduction(sch: Schedule):
+    reductions = [
+        b
+        for b in sch.get_child_blocks(sch.get_sblock("root"))
+        if any(iv.iter_type == tvm.tirx.IterVar.CommReduce for iv in sch.get(b).iter_vars)
+    ]
+    if len(reductions) != 1:
+        names = [sch.get(b).name_hint for b in reductions]
+        raise WorkloadError(
+            f"implicit_gemm_schedule needs exactly one reduction block; found {names}"
+        )
+    return reductions[0]
+
+
+def _producer_chain(sch: Schedule, block) -> list:
+    """The producers feeding ``block`` one after the other (the padding before a gather),
+    nearest first; stops where a block has several producers or none."""
+    chain = []
+    producers = sch.get_producers(block)
+    while len(producers) == 1:
+        chain.append(producers[0])
+        producers = sch.get_producers(producers[0])
+    return chain
+
+
+def _inline_consumers(sch: Schedule, write_back) -> None:
+    """Inline the chain of blocks after ``write_back`` into it (the reindex to the output
+    layout, then elementwise epilogues), so that it stores the function's output."""
+    consumers = sch.get_consumers(write_back)
+    while consumers:
+        if len(consumers) != 1:
+            names = [sch.get(c).name_hint for c in consumers]
+            raise WorkloadError(
+                f"the accumulator's write-back feeds several blocks {names}: "
+                "implicit_gemm_schedule fuses one elementwise epilogue chain"
+            )
+        name = sch.get(consumers[0]).name_hint
+        try:
+            sch.reverse_compute_inline(consumers[0])
+        except ScheduleError as err:
+            raise WorkloadError(
+                f"block {name!r} after the reduction cannot be fused into its write-back "
+                f"(reverse_compute_inline: {str(err).splitlines()[0]}): only elementwise "
+                "epilogues fuse"
+            ) from None
+        consumers = sch.get_consumers(write_back)
+
+
+def _check_tiles(*, bm: int, bn: int, tm: int, tn: int) -> None:
+    if bm % tm or bn % tn:
+        raise WorkloadError(
+            f"bm must be a multiple of tm and bn of tn; found bm={bm} tm={tm} bn={bn} tn={tn}"
+        )
+
+
+def _tile(sch: Schedule, blk, loops, *, bm: int, bn: int, bk: int, tm: int, tn: int):
+    """Tile the loops ``([b,] i, j, k)`` of ``blk``: (bm x bn) output tiles on ``blockIdx.y x
+    blockIdx.x`` (a batch on ``blockIdx.z``), a (bm/tm x bn/tn) thread grid of (tm x tn)
+    register tiles, and the K loop in panels of ``bk``. Returns the panel loop, the
+    ``threadIdx.x`` loop and the depth of the panel loop (loops down to it, itself included)."""
+    threads_y, threads_x = bm // tm, bn // tn
+    batch_loop = loops[0] if len(loops) == 4 else None
+    i, j, k = loops[-3:]
+    bi, ti, ii = sch.split(i, [None, threads_y, tm])
+    bj, tj, jj = sch.split(j, [None, threads_x, tn])
+    ko, ki = sch.split(k, [None, bk])
+    outer = ([batch_loop] if batch_loop is not None else []) + [bi, bj, ti, tj, ko]
+    sch.reorder(*outer, ki, ii, jj)
+    if batch_loop is not None:
+        sch.bind(batch_loop, "blockIdx.z")
+    sch.bind(bi, "blockIdx.y")
+    sch.bind(bj, "blockIdx.x")
+    sch.bind(ti, "threadIdx.y")
+    sch.bind(tj, "threadIdx.x")
+    return ko, tj, len(outer)
+
+
+def _stage_panels(sch: Schedule, blk, ko, depth: int, *, threads: tuple[int, int], inline=()):
+    """Stage the A and B panels of each K-panel of ``blk`` in shared memory, copied by all the
+    threads, and decompose the reduction at the panel loop. ``inline[i]`` lists the producers
+    of operand ``i`` to inline into its copy, nearest first: the copy then computes them."""
+    threads_y, threads_x = threads
     for idx in (0, 1):
         cr = sch.cache_read(blk, idx, "shared")
         sch.compute_at(cr, ko)
+        for producer in inline[idx] if inline else ():
+            sch.compute_inline(producer)
         # The copy's own loops are those below the panel loop it was computed at.
-        copy_loops = sch.get_loops(cr)[len(order) - 3 :]
-        fused = sch.fuse(*copy_loops)
+        fused = sch.fuse(*sch.get_loops(cr)[depth:])
         _, ty, tx = sch.split(fused, [None, threads_y, threads_x])
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
     sch.decompose_reduction(blk, ko)
-    return sch
