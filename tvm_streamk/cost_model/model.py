@@ -1,4 +1,4 @@
-"""Analytical cost model of a work decomposition, and the heuristic that picks one.
+"""The analytical cost model of a work decomposition: what a plan costs on a GPU.
 
 Times are in *units*: one K-panel iteration of one tile (its MMA work and operand loads) costs
 ``c_iter = 1.0``. A block pays
@@ -37,40 +37,22 @@ The owner waits make start times depend on finish times, so the schedule is iter
 point (exact when every block is resident at once, which the Stream-K family guarantees).
 
 Every predicted time is a sum of constants along one critical chain of blocks and segments, so it
-is linear in the constants for a fixed schedule; :func:`calibrate` uses that to fit them to
-measurements by least squares.
+is linear in the constants for a fixed schedule; :func:`~.calibration.calibrate` uses that to fit
+them to measurements by least squares.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import math
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-from .decomposition import DecompositionError, Plan, plan
-from .decomposition import policy as policies
-
-__all__ = [
-    "DEFAULT_COST",
-    "FIXUPS",
-    "CostModelError",
-    "CostParams",
-    "calibrate",
-    "candidates",
-    "choose",
-    "critical_features",
-    "predicted_time",
-    "saturation",
-]
+from ..decomposition import Plan
 
 # Fixed-point passes of the scheduler; two suffice when all blocks are resident at once.
 _MAX_PASSES = 8
 
-_FEATURES = ("c_iter", "c_seg", "c_fix", "c_block")
+FEATURES = ("c_iter", "c_seg", "c_fix", "c_block")
 FIXUPS = ("workspace", "atomic")
 
 
@@ -88,7 +70,7 @@ class CostParams:
     The defaults are uncalibrated order-of-magnitude estimates for a 128x128x32 fp16 tile on a
     recent datacenter GPU: an iteration is ~0.15 us of tensor-core work, a pipeline fill plus a
     128x128 epilogue ~1 us, a 64 KiB fp32 partial through L2 ~1 us, a block launch a fraction of
-    that. Fit them to a GPU with :func:`calibrate`.
+    that. Fit them to a GPU with :func:`~tvm_streamk.cost_model.calibrate`.
 
     Attributes
     ----------
@@ -101,12 +83,14 @@ class CostParams:
     c_block : float
         Per block launched.
     seconds_per_unit : float or None
-        Seconds per unit, set by :func:`calibrate`; None for the uncalibrated defaults.
+        Seconds per unit, set by :func:`~tvm_streamk.cost_model.calibrate`; None for the
+        uncalibrated defaults.
     min_gain : float
         Not a model constant but the heuristic's margin: a Stream-K-family plan must be predicted
         this fraction faster than data-parallel to be chosen, because it pays costs the model
         does not see (the persistent loop's index arithmetic, and the weaker L2 reuse of blocks
-        that walk distant tiles at the same time). :func:`calibrate` keeps it.
+        that walk distant tiles at the same time). :func:`~tvm_streamk.cost_model.calibrate`
+        keeps it.
     saturation_warps : int
         Resident warps that keep an SM busy: four per warp scheduler of the four an SM has, the
         usual minimum to hide arithmetic and shared-memory latency (uncalibrated).
@@ -122,7 +106,7 @@ class CostParams:
     saturation_warps: int = 16
 
     def __post_init__(self) -> None:
-        for name in _FEATURES:
+        for name in FEATURES:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise CostModelError(
@@ -175,7 +159,8 @@ def _resident(p: Plan, num_sms: int | None, blocks_per_sm: int | None) -> tuple[
     return num_sms, blocks_per_sm
 
 
-def _check_fixup(fixup: str) -> None:
+def check_fixup(fixup: str) -> None:
+    """Raise :class:`CostModelError` unless ``fixup`` is one the model knows."""
     if fixup not in FIXUPS:
         raise CostModelError(f"fixup must be one of {FIXUPS}, found {fixup!r}")
 
@@ -227,7 +212,7 @@ def _shares(p: Plan, num_sms: int, blocks_per_sm: int, saturation: int | None) -
 def _simulate(p: Plan, slots: int, cost: CostParams, fixup: str, shares: list[float]) -> _Time:
     """List-schedule the blocks of ``p`` onto ``slots`` slots, block ``b`` running an iteration
     in ``shares[b]`` units; return the makespan's features."""
-    _check_fixup(fixup)
+    check_fixup(fixup)
     c = cost.vector()
     steps = _block_steps(p, fixup)
     start = _ZERO
@@ -342,221 +327,3 @@ def predicted_time(
     """
     features = critical_features(p, num_sms, blocks_per_sm, cost, fixup, saturation)
     return _value(features, cost.vector())
-
-
-def calibrate(
-    measurements: Iterable[tuple[Plan, float]],
-    num_sms: int | None = None,
-    blocks_per_sm: int | None = None,
-    initial: CostParams = DEFAULT_COST,
-    rounds: int = 20,
-    fixup: str = "workspace",
-) -> CostParams:
-    """Fit the constants to measured run times by least squares.
-
-    For fixed constants every prediction is ``features . constants``; the fit alternates between
-    taking the critical-chain features under the current constants and a least-squares solve of
-    ``seconds ~ features . q`` with rows weighted by ``1 / seconds`` (relative error), until the
-    constants stop changing. ``q`` is normalised to ``c_iter = 1`` and its scale kept as
-    ``seconds_per_unit``. Negative fitted constants are clipped to zero.
-
-    Parameters
-    ----------
-    measurements : iterable of (Plan, float)
-        Plans with their measured run times in seconds. The plans must separate the constants:
-        include Stream-K plans with split tiles (``c_fix``) and blocks that run several segments
-        (``c_seg`` versus ``c_block``).
-    num_sms, blocks_per_sm : int, optional
-        Override the plans' values.
-    initial : CostParams
-        Starting constants; they only decide the first critical chains.
-    rounds : int
-        Most alternations.
-    fixup : str
-        The fixup the measured kernels used, one of :data:`FIXUPS`.
-
-    Returns
-    -------
-    CostParams
-        The fit with the smallest relative residual seen.
-
-    Raises
-    ------
-    CostModelError
-        When a time is not positive or the measurements cannot separate the constants.
-    """
-    rows: Sequence[tuple[Plan, float]] = list(measurements)
-    if len(rows) < len(_FEATURES):
-        raise CostModelError(
-            f"calibrate needs at least {len(_FEATURES)} measurements, found {len(rows)}; "
-            "measure more plans"
-        )
-    seconds = np.array([float(s) for _, s in rows])
-    if not np.all(np.isfinite(seconds) & (seconds > 0)):
-        raise CostModelError(
-            f"measured times must be positive finite seconds, found {seconds.min()!r}; "
-            "drop failed measurements"
-        )
-    params = initial
-    best: tuple[float, CostParams] | None = None
-    for _ in range(rounds):
-        feats = np.array(
-            [critical_features(p, num_sms, blocks_per_sm, params, fixup) for p, _ in rows]
-        )
-        weighted = feats / seconds[:, None]
-        if np.linalg.matrix_rank(weighted) < len(_FEATURES):
-            absent = [n for n, col in zip(_FEATURES, feats.T, strict=True) if not col.any()]
-            found = f"no measurement exercises {absent}" if absent else "collinear features"
-            raise CostModelError(
-                f"the measurements cannot separate {_FEATURES}: {found}; add plans of other "
-                "policies (stream_k with split tiles, blocks with several segments, several waves)"
-            )
-        q, *_ = np.linalg.lstsq(weighted, np.ones(len(rows)), rcond=None)
-        if q[0] <= 0:
-            raise CostModelError(
-                f"the fitted seconds per iteration is {q[0]!r}, not positive; check that the "
-                "measurements belong to the plans"
-            )
-        q = np.maximum(q, 0.0)
-        fitted = CostParams(
-            1.0,
-            float(q[1] / q[0]),
-            float(q[2] / q[0]),
-            float(q[3] / q[0]),
-            seconds_per_unit=float(q[0]),
-            min_gain=initial.min_gain,
-        )
-        predicted = np.array(
-            [predicted_time(p, num_sms, blocks_per_sm, fitted, fixup) for p, _ in rows]
-        ) * float(q[0])
-        residual = float(np.sum((predicted / seconds - 1.0) ** 2))
-        if best is None or residual < best[0]:
-            best = (residual, fitted)
-        if np.allclose(fitted.vector(), params.vector(), rtol=1e-10, atol=1e-12):
-            break
-        params = fitted
-    assert best is not None
-    return best[1]
-
-
-def candidates(tiles: int, panels: int, num_sms: int, blocks_per_sm: int = 1) -> list[Plan]:
-    """The plans :func:`choose` compares, most data-parallel first.
-
-    Each registered policy offers its own (:meth:`Policy.candidates
-    <tvm_streamk.decomposition.policy.Policy.candidates>`): data-parallel; split-K for
-    ``2 <= S <= min(panels, 16)`` while ``tiles * S`` fits in two waves; the one-tile and
-    two-tile hybrids where they differ from both data-parallel and Stream-K; Stream-K. They are
-    ordered by the policies' rank, which breaks ties: the more of a plan is data-parallel, the
-    more it keeps the wave-by-wave L2 reuse that the model does not see.
-
-    Parameters
-    ----------
-    tiles, panels, num_sms, blocks_per_sm : int
-        As for :func:`tvm_streamk.decomposition.plan`.
-
-    Returns
-    -------
-    list of Plan
-    """
-    slots = num_sms * blocks_per_sm
-    out = []
-    for rule in sorted(policies.concrete(), key=lambda r: r.rank):
-        for kwargs in rule.candidates(tiles, panels, slots):
-            out.append(plan(tiles, panels, num_sms, blocks_per_sm, rule.name, **kwargs))
-    return out
-
-
-def choose(
-    tiles: int,
-    panels: int,
-    num_sms: int,
-    blocks_per_sm: int = 1,
-    cost: CostParams | None = None,
-    fixup: str = "workspace",
-    dp_blocks_per_sm: int | None = None,
-    saturation: int | None = None,
-) -> Plan:
-    """Pick the decomposition with the smallest predicted time; fill :attr:`Plan.reason`.
-
-    When the tiles fill whole waves data-parallel is chosen outright: it has no quantisation
-    loss, and the model's only credit to a persistent Stream-K loop there (fewer block launches)
-    is paid back by costs the model does not see. Otherwise every plan of :func:`candidates` is
-    predicted and the fastest wins, ties going to the simpler policy, unless it beats
-    data-parallel by less than ``cost.min_gain``.
-
-    Parameters
-    ----------
-    tiles, panels, num_sms, blocks_per_sm : int
-        As for :func:`tvm_streamk.decomposition.plan`.
-    cost : CostParams, optional
-        Constants of the model; :data:`DEFAULT_COST` when None.
-    fixup : str
-        The fixup the kernel will use, one of :data:`FIXUPS`.
-    dp_blocks_per_sm : int, optional
-        Resident blocks per SM of the data-parallel kernel (its occupancy); ``blocks_per_sm`` by
-        default.
-    saturation : int, optional
-        Resident blocks that keep an SM busy (:func:`saturation`); ``dp_blocks_per_sm`` by
-        default.
-
-    Returns
-    -------
-    Plan
-
-    Examples
-    --------
-    >>> choose(264, 64, num_sms=132).policy
-    'data_parallel'
-    >>> choose(133, 64, num_sms=132).policy
-    'stream_k'
-    """
-    cost = DEFAULT_COST if cost is None else cost
-    if not isinstance(cost, CostParams):
-        raise DecompositionError(
-            f"cost must be a tvm_streamk.cost_model.CostParams, found {type(cost).__name__}"
-        )
-    _check_fixup(fixup)
-    dp_bps = blocks_per_sm if dp_blocks_per_sm is None else dp_blocks_per_sm
-    busy = dp_bps if saturation is None else saturation
-    dp = plan(tiles, panels, num_sms, dp_bps, "data_parallel")
-    slots = num_sms * dp_bps
-    waves = -(-tiles // slots)
-    if tiles % slots == 0:
-        return dataclasses.replace(
-            dp,
-            reason=f"tiles {tiles} = {waves} full wave(s) of {slots} slots: data-parallel has "
-            "no quantisation loss",
-        )
-    t_dp = predicted_time(dp, cost=cost, fixup=fixup, saturation=busy)
-    scored = [(t_dp, dp)] + [
-        (predicted_time(c, cost=cost, fixup=fixup, saturation=busy), c)
-        for c in candidates(tiles, panels, num_sms, blocks_per_sm)
-        if c.policy != dp.policy
-    ]
-    t_best = min(t for t, _ in scored)
-    # The first candidate within rounding of the minimum is the simplest of the fastest.
-    t_pick, pick = next((t, c) for t, c in scored if t <= t_best * (1 + 1e-9))
-    if t_pick > t_dp * (1 - cost.min_gain):
-        t_pick, pick = scored[0]
-    last = tiles - (waves - 1) * slots
-    quant = f"data-parallel runs {waves} wave(s) of {slots} slots, the last {last}/{slots} full"
-    if pick is dp:
-        t_alt, alt = min(scored[1:], key=lambda sc: sc[0])
-        why = (
-            f"less than the {cost.min_gain:.0%} margin faster"
-            if t_alt < t_dp
-            else "segment and fixup costs outweigh the quantisation loss"
-        )
-        reason = (
-            f"data_parallel predicted {t_dp:.0f} units vs best alternative {alt.label} "
-            f"{t_alt:.0f} ({why}; {quant})"
-        )
-    else:
-        reason = (
-            f"{pick.label} on grid {pick.grid} predicted {t_pick:.0f} units vs data_parallel "
-            f"{t_dp:.0f} ({t_dp / t_pick:.2f}x): {quant}"
-        )
-    return dataclasses.replace(pick, reason=reason)
-
-
-policies.register_chooser("heuristic", choose)
