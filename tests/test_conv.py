@@ -20,8 +20,8 @@ import tvm_streamk
 from tvm_streamk import workloads
 from tvm_streamk.analysis import first_site
 from tvm_streamk.dlight import StreamKMatmul
-from tvm_streamk.dlight.group_axis import GroupAxisRefused, split_group_axis
 from tvm_streamk.errors import StreamKError
+from tvm_streamk.transform.group_axis import GroupAxisRefused, split_group_axis
 
 from .dlight_sites import (
     A100,
@@ -152,7 +152,7 @@ def test_fused_epilogue_with_atomic_fixup_is_refused(family):
 
 
 # Grouped convolutions: a batched implicit GEMM over the groups once the output-channel axis is
-# split into (group, channel in group) (tvm_streamk.dlight.group_axis); comments give that GEMM.
+# split into (group, channel in group) (tvm_streamk.transform.group_axis); comments give that GEMM.
 GROUPED_CASES = {
     # S = 2 groups, I = 2*21*19 = 798 (25 tiles), J = 35, K = 3*3*4 = 36 (3 panels).
     "grouped-nhwc-groups2": {

@@ -16,7 +16,7 @@ from tvm.s_tir import dlight as dl
 from tvm_streamk import pocl, workloads
 from tvm_streamk.analysis import first_site
 from tvm_streamk.dlight import Decisions, StreamKDepthwise, StreamKGEMV, StreamKMatmul
-from tvm_streamk.dlight.group_axis import split_group_axis
+from tvm_streamk.transform.group_axis import split_group_axis
 
 from .dlight_sites import A100, FIXUPS, FP32_TOL, schedule_with
 from .helpers import conv_reference_for

@@ -311,7 +311,7 @@ def test_depthwise_rule(fixup):
 
 def test_grouped_conv_with_epilogue():
     # The group split with a fused bias: 2 groups of 16 channels, 6 tiles, 3 K-panels, 4 SMs.
-    from tvm_streamk.dlight.group_axis import split_group_axis
+    from tvm_streamk.transform.group_axis import split_group_axis
 
     kwargs = dict(data_shape=(1, 8, 9, 9), weight_shape=(32, 4, 3, 3), groups=2, padding=1)
     kwargs.update(layout="NCHW", epilogue="bias")

@@ -2,7 +2,8 @@
 
 A depthwise convolution reduces only over its window (``R * S``, 9 for 3x3) and reads a
 different input channel for every output channel, so it is no GEMM: dlight's ``gpu.Matmul``
-and the group split (:mod:`.group_axis`) find no J axis, and dlight's ``gpu.Fallback`` takes it.
+and the group split (:mod:`tvm_streamk.transform.group_axis`) find no J axis, and dlight's
+``gpu.Fallback`` takes it.
 With so short a reduction the right kernel gives each thread one output and its whole window:
 
 * the outputs, flattened in their row-major order (innermost axis fastest: coalesced stores,

@@ -1,11 +1,12 @@
 """``StreamKMatmul``: dlight's matmul schedule, then Stream-K where the cost model says it pays.
 
 The rule schedules a matmul-like function exactly as ``dlight.gpu.Matmul`` does (tensor-core or
-SIMT; a grouped convolution as the batched GEMM over its groups, see :mod:`.group_axis`), then
-records a Stream-K decision on its reduction with ``policy="heuristic"`` by default:
-the cost model keeps the data-parallel kernel when the tiles fill whole waves and picks Stream-K,
-a hybrid or split-K when they do not (tensor-core fragments take only aligned splits). Kernels
-Stream-K cannot rewrite keep dlight's schedule unchanged. The rule keeps, per kernel, the plan
+SIMT; a grouped convolution as the batched GEMM over its groups, see
+:mod:`tvm_streamk.transform.group_axis`), then records a Stream-K decision on its reduction
+with ``policy="heuristic"`` by default: the cost model keeps the data-parallel kernel when the
+tiles fill whole waves and picks Stream-K, a hybrid or split-K when they do not (tensor-core
+fragments take only aligned splits). Kernels Stream-K cannot rewrite keep dlight's schedule
+unchanged. The rule keeps, per kernel, the plan
 it recorded (``StreamKMatmul.decided``) or why it did not apply (``StreamKMatmul.skipped``),
 keyed by :func:`kernel_key` (fused Relax functions have no symbol yet when dlight runs). The
 ``tvm_streamk`` TIR pipeline lowers the result.
@@ -16,8 +17,8 @@ from __future__ import annotations
 from tvm import tirx
 
 from .._compat import Schedule, dlight, dlight_cuda_target
+from ..transform.group_axis import GroupAxisRefused, split_group_axis
 from .decisions import RecordsDecisions, decide, kernel_key
-from .group_axis import GroupAxisRefused, split_group_axis
 
 __all__ = ["StreamKMatmul", "kernel_key"]
 

@@ -30,7 +30,7 @@ from .._compat import (
     structural_walk,
 )
 from ..analysis import is_reduction
-from ..transform._ir import replace_block
+from ._ir import replace_block
 
 # Fewer output channels per group than this (a depthwise convolution with a channel multiplier)
 # would leave dlight's 64-wide J tile mostly padding: StreamKDepthwise takes those instead.
