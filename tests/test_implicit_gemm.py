@@ -4,12 +4,13 @@
 ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` (I = N*P*Q, J = output channels, K = C*R*S as one
 fused reduction), tiles it as the reference GEMM schedule does, gathers each K-panel of the
 input (padding included) straight into shared memory, and fuses epilogues into the write-back.
-The families are test_conv's (1-D, 2-D and 3-D; NHWC and NCHW; stride, padding, dilation),
-uneven against the 32 x 16 x 8 tiles used here. Every run is on PoCL against the float64 numpy
-reference of :func:`~tvm_streamk.workloads.conv_reference`, the output poisoned with NaN first
-(fp32 accumulation of at most 108 products of values in [-1, 1]: within 1e-5 of the largest
-output). The default suite runs every family with ``stream_k`` and both fix-ups, and the whole
-policy x fix-up matrix on one family; ``-m slow`` runs the matrix everywhere.
+The families are test_conv's (1-D, 2-D and 3-D; NHWC and NCHW; stride, padding, dilation; and
+grouped, as the batched GEMM over the groups), uneven against the 32 x 16 x 8 tiles used here.
+Every run is on PoCL against the float64 numpy reference of
+:func:`~tvm_streamk.workloads.conv_reference`, the output poisoned with NaN first (fp32
+accumulation of at most 108 products of values in [-1, 1]: within 1e-5 of the largest output).
+The default suite runs every family with ``stream_k`` and both fix-ups, and the whole policy x
+fix-up matrix on one family; ``-m slow`` runs the matrix everywhere.
 """
 
 import numpy as np
@@ -26,11 +27,12 @@ from tvm_streamk.workloads import WorkloadError
 
 from .dlight_sites import DECISIONS, FIXUPS, check_numeric
 from .helpers import conv_reference_for
-from .test_conv import CASES, EPILOGUE_CASES, MATRIX_FAMILY
+from .test_conv import CASES, EPILOGUE_CASES, GROUPED_CASES, MATRIX_FAMILY
 
 on_every_pocl = pytest.mark.usefixtures("opencl")
 
 TILES = {"bm": 32, "bn": 16, "bk": 8, "tm": 2, "tn": 2}
+GROUPED_TILES = {**TILES, "bn": 32}
 
 
 def _site(func, **tiles):
@@ -40,14 +42,13 @@ def _site(func, **tiles):
     return sch, site
 
 
-def _scheduled(func):
-    sch, site = _site(func)
-    return sch, site.block.name_hint
+def _check_numeric(kwargs: dict, policy: str, fixup: str, **tiles) -> None:
+    def scheduled(func):
+        sch, site = _site(func, **tiles)
+        return sch, site.block.name_hint
 
-
-def _check_numeric(kwargs: dict, policy: str, fixup: str) -> None:
     func = workloads.conv(**kwargs)
-    check_numeric(func, conv_reference_for(kwargs), policy, fixup, schedule=_scheduled)
+    check_numeric(func, conv_reference_for(kwargs), policy, fixup, schedule=scheduled)
 
 
 def _matrix():
@@ -129,11 +130,30 @@ def test_trace_round_trip():
     tvm.ir.assert_structural_equal(replayed.mod, sch.mod)
 
 
-def test_grouped_conv_is_refused_with_the_reason():
+@on_every_pocl
+@pytest.mark.parametrize("family", list(GROUPED_CASES))
+@pytest.mark.parametrize("fixup", FIXUPS)
+def test_grouped_conv_is_a_batched_implicit_gemm(family, fixup):
+    """The group split makes the groups the batch of the GEMM, on ``blockIdx.z``; Stream-K
+    walks the (group, tile, panel) space (28 to 100 tiles with 32-wide J tiles, none a
+    multiple of the 3 blocks)."""
+    _, site = _site(workloads.conv(**GROUPED_CASES[family]), **GROUPED_TILES)
+    groups = GROUPED_CASES[family]["groups"]
+    assert site.band_extents[0] == groups and len(site.band_extents) == 3
+    _check_numeric(GROUPED_CASES[family], "stream_k", fixup, **GROUPED_TILES)
+
+
+@on_every_pocl
+def test_grouped_conv_with_a_fused_bias():
+    kwargs = {**GROUPED_CASES["grouped-nhwc-groups2"], "epilogue": "bias_relu"}
+    _check_numeric(kwargs, "hybrid", "workspace", **GROUPED_TILES)
+
+
+def test_depthwise_conv_is_refused_with_the_reason():
     func = workloads.conv(
-        data_shape=(1, 16, 9, 9), weight_shape=(16, 4, 3, 3), layout="NCHW", groups=4
+        data_shape=(1, 16, 9, 9), weight_shape=(16, 1, 3, 3), layout="NCHW", groups=16
     )
-    with pytest.raises(WorkloadError, match=r"no J axis"):
+    with pytest.raises(WorkloadError, match=r"no J axis.*StreamKDepthwise"):
         workloads.implicit_gemm_schedule(func)
 
 

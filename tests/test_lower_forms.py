@@ -19,7 +19,11 @@ replays the schedule's trace through JSON and requires the same IR. The forms:
 - ``fragment_split``: dlight's WMMA schedule of a 128x128x128 fp16 GEMM for CUDA (one tile, two
   64-wide K panels, a ``wmma.accumulator`` fragment staged through shared memory), 2 splits: the
   split in ``blockIdx.z``, one slot per block, one arrival counter, the last arriver sums both
-  slots in peer order through ``__ldcg``.
+  slots in peer order through ``__ldcg``;
+- ``implicit_gemm_conv``: the project's implicit-GEMM schedule of a 6x6x4 -> 8 3x3 convolution
+  (NHWC, padding 1) with bias + ReLU: I = 36 in 3 tiles of 16, K = 36 in 5 panels of 8, 2
+  blocks, the workspace fix-up; each panel of the input gathered into shared memory with the
+  padding computed there, the epilogue in both the direct and the last arriver's write-back.
 
 When the lowering changes on purpose, print the new IR, review the difference, and replace the
 file; never regenerate without reading it.
@@ -106,4 +110,18 @@ def test_fragment_split_matches_expected():
         splits=2,
         fixup="workspace",
         num_sms=sms,
+    )
+
+
+def test_implicit_gemm_conv_matches_expected():
+    kwargs = dict(data_shape=(1, 6, 6, 4), weight_shape=(3, 3, 4, 8), layout="NHWC", padding=1)
+    func = workloads.conv(**kwargs, epilogue="bias_relu")
+    check_stream_k(
+        "implicit_gemm_conv",
+        schedule=lambda: workloads.implicit_gemm_schedule(func, bm=16, bn=8, bk=8, tm=2, tn=2),
+        func=func,
+        block="conv2d_nhwc_update",
+        policy="stream_k",
+        fixup="workspace",
+        num_sms=2,
     )

@@ -7,6 +7,7 @@ host module is kept in IR form: :mod:`.launch` reads the kernel launches from it
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import tvm
@@ -118,4 +119,14 @@ def lower(name: str, func: tvm.tirx.PrimFunc, pipeline: str) -> Lowered:
         raise KernelBuildError(f"TVM's OpenCL codegen failed for {name!r}: {err}") from err
     # PoCL's compute units are the multiprocessors of num_sms="device" kernels.
     host_func = bind_multiprocessors(host_mod[name], compute_units())
-    return Lowered(name, func, host_func, device_funcs, prelude + source)
+    return Lowered(name, func, host_func, device_funcs, prelude + _internal_helpers(source))
+
+
+def _internal_helpers(source: str) -> str:
+    """TVM's helper functions (``atomic_add_float_emu``) with internal linkage.
+
+    TVM defines them ``__inline`` alone, which in C99 (and so OpenCL C) is an inline definition
+    only: a compiler that does not inline the call (any, built with ``-cl-opt-disable``) links
+    against an external definition that no one provides. ``static inline`` always defines it.
+    """
+    return re.sub(r"^__inline ", "static __inline ", source, flags=re.MULTILINE)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import tvm
 
 from .._compat import Schedule, ScheduleError, dlight
+from ..transform.group_axis import GroupAxisRefused, split_group_axis
 from .errors import WorkloadError
 
 
@@ -70,6 +71,8 @@ def implicit_gemm_schedule(
 ) -> Schedule:
     """Schedule a convolution (or another matmul-like reduction) as an implicit GEMM.
 
+    Step 0. A grouped convolution's output-channel axis is split into (group, channel in
+    group) (:mod:`tvm_streamk.transform.group_axis`), so the groups are a batch axis.
     Step 1. Normalise the reduction block to ``C[S, I, J] += A[S, I, K] * B[S, J, K]``: its
     operands and output are reindexed (``reindex``) and its iteration space fused into the GEMM
     axes (``transform_block_layout``, with dlight's index maps). For a convolution ``I`` runs
@@ -85,8 +88,11 @@ def implicit_gemm_schedule(
     The schedule requires:
 
     1. one reduction block, whose output, operands and iteration space dlight's matmul index
-       maps describe (a grouped convolution does not qualify: its output channel indexes the
-       input channels, so it has no J axis; see :mod:`tvm_streamk.dlight.group_axis`);
+       maps describe once a grouped convolution's output-channel axis is split into (group,
+       channel in group) (:mod:`tvm_streamk.transform.group_axis`): the groups are then the
+       batch ``S`` on ``blockIdx.z``. A depthwise convolution, with fewer than
+       :data:`~tvm_streamk.transform.group_axis.MIN_GROUP_COLUMNS` output channels per group,
+       is not split and has no J axis;
     2. every producer of the operands (the padding) and every consumer of the output to be
        elementwise or injective, so that they inline.
 
@@ -115,7 +121,11 @@ def implicit_gemm_schedule(
     >>> sch.stream_k("conv2d_nhwc_update", num_sms=4, fixup="workspace")
     """
     _check_tiles(bm=bm, bn=bn, tm=tm, tn=tn)
-    sch = Schedule(func)
+    # A grouped convolution becomes the batched GEMM over its groups (None: not grouped).
+    try:
+        sch = Schedule(split_group_axis(func) or func)
+    except GroupAxisRefused as err:
+        raise WorkloadError(f"a grouped convolution the group split refuses: {err}") from None
     blk = _the_reduction(sch)
     name = sch.get(blk).name_hint
 
@@ -126,7 +136,8 @@ def implicit_gemm_schedule(
     if index_maps is None:
         raise WorkloadError(
             f"block {name!r} is not a GEMM-like reduction (dlight finds no I, J, K axes in it; "
-            "a grouped convolution has no J axis): schedule it with dlight's rules instead"
+            "a depthwise convolution has no J axis): schedule it with the project's dlight "
+            "rules instead (StreamKDepthwise)"
         )
     block_map, a_map, b_map, c_map = index_maps
     sch.transform_layout(operands[0], ("write", 0), a_map)
