@@ -12,6 +12,7 @@ from __future__ import annotations
 import tvm
 
 from .._compat import Schedule, ScheduleError, dlight
+from ..analysis import is_reduction
 from ..transform.group_axis import GroupAxisRefused, split_group_axis
 from .errors import WorkloadError
 
@@ -161,9 +162,7 @@ def implicit_gemm_schedule(
 
 def _the_reduction(sch: Schedule):
     reductions = [
-        b
-        for b in sch.get_child_blocks(sch.get_sblock("root"))
-        if any(iv.iter_type == tvm.tirx.IterVar.CommReduce for iv in sch.get(b).iter_vars)
+        b for b in sch.get_child_blocks(sch.get_sblock("root")) if is_reduction(sch.get(b))
     ]
     if len(reductions) != 1:
         names = [sch.get(b).name_hint for b in reductions]
