@@ -9,16 +9,17 @@ host, not ptxas, and is the schedule's own. The run-time grid (``num_sms="device
 at three shapes. Nothing runs: running these kernels is the GPU pack's job.
 
 The kernels are built as users get them: the grid sized for the built kernel's resident blocks
-per SM (:mod:`tvm_streamk.occupancy`). Measured over budget, and marked so in ``KNOWN`` (a strict
-xfail fails once it is fixed): 36 bytes of spills in the MetaSchedule sample's split-K with the
-workspace fix-up on sm_90, the aligned split-K of dlight's tensor-core schedule on sm_80
-(112 registers against 94), and the workspace fix-up of the implicit-GEMM convolution on sm_80
-for Stream-K and the hybrids (102 registers against 80, or 48 bytes of spills; 80 on sm_90, and
-80 with the atomic fix-up). With one block per SM the reference one-tile hybrid's workspace
-fix-up on sm_80 took 57 registers against 40 and the two-tile one spilled 20 bytes on sm_90;
-at their occupancy grids both are within budget. The reference schedule's hybrids took 58-64
-registers while their two kinds of unit had two copies of the tile body; with one copy they
-take 32-48.
+per SM (:mod:`tvm_streamk.occupancy`). Every case is within budget since the workspace fix-up's
+last arriver walks the tile's elements in rolled loops
+(:meth:`~tvm_streamk.transform.fixup_workspace.WorkspaceFixup._rolled_writeback`). Unrolled, it
+took 102 registers against 80 for the implicit-GEMM convolution's Stream-K and two-tile hybrid on
+sm_80 (48 bytes of spills for the one-tile hybrid), 36 bytes of spills for the MetaSchedule
+sample's split-K on sm_90, and 112 registers against 94 for dlight's tensor-core split-K on
+sm_80 (rolled: 80, 80, none, 100). With one block per SM the reference one-tile hybrid's
+workspace fix-up on sm_80 took 57 registers against 40 and the two-tile one spilled 20 bytes on
+sm_90; at their occupancy grids both are within budget. The reference schedule's hybrids took
+58-64 registers while their two kinds of unit had two copies of the tile body; with one copy
+they take 32-48.
 """
 
 import functools
@@ -127,21 +128,9 @@ def _check(source: str, arch: str, decision: dict, **stream_k) -> None:
     assert found.shared <= dp.shared + EXTRA_SHARED, (found, dp)
 
 
-SPILLS = "ptxas spills 20-36 bytes in the workspace fix-up's kernel (not found without nvdisasm)"
-FRAGMENTS = "the aligned split-K of WMMA fragments on sm_80 costs registers"
 # Measured over budget (registers found vs data-parallel; spills in bytes), each a strict xfail:
-# fixing one turns it into a failure to remove from here.
-CONV_SUM = (
-    "the workspace fix-up's last-arriver write-back of the implicit GEMM on sm_80 (the output "
-    "address of a convolution: divisions by the output rows and columns)"
-)
-KNOWN = {
-    "meta_schedule-sm_90-split_k-2-workspace": SPILLS,  # 72 vs 75 registers, 36 bytes
-    "dlight_wmma-sm_80-split_k-2-workspace": FRAGMENTS,  # 112 vs 94
-    "implicit_gemm-sm_80-stream_k-workspace": CONV_SUM,  # 102 vs 80
-    "implicit_gemm-sm_80-hybrid-one_tile-workspace": CONV_SUM,  # 80 vs 80, 48 bytes of spills
-    "implicit_gemm-sm_80-hybrid-two_tile-workspace": CONV_SUM,  # 102 vs 80
-}
+# fixing one turns it into a failure to remove from here. None today.
+KNOWN: dict[str, str] = {}
 
 
 def _case(source: str, arch: str, decision: dict):
