@@ -375,6 +375,52 @@ def test_closed_forms_evaluate_symbolically(p):
         assert _ev(index, env) == p.peer_index(0, env["t"], 0)
 
 
+def _signed_division(f):
+    def divide(a, b):
+        assert a >= 0 and b > 0, f"a closed form divides {a} by {b}"
+        return f(a, b)
+
+    return divide
+
+
+class SignCheckedOps(SymOps):
+    """:class:`SymOps` whose divisions check the :class:`~tvm_streamk.decomposition.Ops`
+    contract: a division whose value is used (a selected branch) divides a non-negative value
+    by a positive one. The lowering relies on it where it divides with truncation."""
+
+    floordiv = _lift(_signed_division(lambda a, b: a // b))
+    floormod = _lift(_signed_division(lambda a, b: a % b))
+
+    def select(self, cond, a, b):
+        # Only the selected branch's value is used.
+        return Sym(lambda e: _ev(a, e) if _ev(cond, e) else _ev(b, e))
+
+
+@SETTINGS
+@given(plans(), st.integers(1, 400))
+def test_used_divisions_divide_non_negative_by_positive(p, other_grid):
+    # The closed forms the lowering emits: units, ranges, peers and the peers' blocks.
+    ops = SignCheckedOps()
+    b, u, g, t, j = (_var(n) for n in ("b", "u", "g", "t", "j"))
+    units = p.units(ops, g)
+    lo, hi = p.block_range(b, u, ops, g)
+    peers = p.tile_peers(t, ops, g)
+    peer = p.peer_block(t, j, ops, g)
+    peer_lo, _ = p.block_range(peer, 0, ops, g)
+    # A run-time grid may launch another count of blocks than the plan's.
+    grids = [p.grid, other_grid] if p.scheme.runtime_grid else [p.grid]
+    for grid in grids:
+        env = {"g": grid}
+        for block, unit in itertools.product(range(grid), range(_ev(units, env))):
+            env.update(b=block, u=unit)
+            _ev(lo, env), _ev(hi, env)
+        for tile in range(p.tiles):
+            env["t"] = tile
+            for peer_index in range(_ev(peers, env)):
+                env["j"] = peer_index
+                _ev(peer_lo, env)
+
+
 @SETTINGS
 @given(
     st.lists(st.integers(1, 9), min_size=2, max_size=4),

@@ -342,3 +342,29 @@ def fresh_definitions(stmt: tirx.Stmt) -> tirx.Stmt:
         ],
     )
     return structural_map(stmt, (tirx.Var, lambda v: defined.get(v, v)))
+
+
+def truncating(node, divisor=None):
+    """``node`` (an expression or a statement) with its floor divisions and modulos truncating,
+    only those by ``divisor`` when given.
+
+    For the closed forms of :mod:`tvm_streamk.decomposition`, whose divisions divide a
+    non-negative value by a positive one where their value is used (the
+    :class:`~tvm_streamk.decomposition.Ops` contract, checked by
+    ``tests/test_decomposition.py``), the two agree. A floor division by a value TVM cannot sign
+    (a run-time count) lowers to a division, a modulo and a sign test; a truncating one is the
+    division alone.
+    """
+    if isinstance(node, int):
+        return node
+
+    def by(e) -> bool:
+        return divisor is None or e.b.same_as(divisor)
+
+    return structural_map(
+        node,
+        [
+            (tirx.FloorDiv, lambda e: tirx.truncdiv(e.a, e.b) if by(e) else e),
+            (tirx.FloorMod, lambda e: tirx.truncmod(e.a, e.b) if by(e) else e),
+        ],
+    )

@@ -84,6 +84,7 @@ from ._ir import (
     replace_block,
     seq,
     storage_sync,
+    truncating,
     var,
     whole,
     with_body,
@@ -246,13 +247,17 @@ class WorkspaceFixup(fixup.Fixup):
             arrive = with_body(loop, arrive)
 
         p = var("sk_peer", str(seg.tile.ty))
+        # The peer walk's divisions truncate (_ir.truncating): with a run-time tile count they
+        # divide by run-time values, where a floor division is a division, a modulo and a sign
+        # test (the grouped GEMM's workspace kernel on sm_80: 24 bytes of spills, 12 with it).
+        peers = truncating(plan.tile_peers(seg.tile, TIR_OPS, self.grid))
 
         def finish(realize: SBlockRealize) -> SBlockRealize:
             block = realize.block
             merged = loaded_buffer(self.acc_load)
             peer = plan.peer_block(seg.tile, p, TIR_OPS, self.grid)
             peer_lo, _ = plan.block_range(peer, 0, TIR_OPS, self.grid)
-            slot = self._slot(peer, tirx.floordiv(peer_lo, panels) == seg.tile)
+            slot = truncating(self._slot(peer, tirx.floordiv(peer_lo, panels) == seg.tile))
             # The last arriver reads its own partial back too (from L2, just written) rather than
             # from its accumulator: keeping the accumulator live across the hand-off took dlight's
             # hybrid on sm_90 from 64 registers to 255 and 728 bytes of spills (ptxas -v).
@@ -271,7 +276,7 @@ class WorkspaceFixup(fixup.Fixup):
                     tirx.For(
                         p,
                         int_imm(0, str(p.ty)),
-                        plan.tile_peers(seg.tile, TIR_OPS, self.grid),
+                        peers,
                         tirx.ForKind.SERIAL,
                         tirx.BufferStore(self.sum, total + partial, zero),
                     ),

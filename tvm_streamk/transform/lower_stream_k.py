@@ -52,6 +52,7 @@ from ._ir import (
     over_units,
     replace_block,
     seq,
+    truncating,
     var,
     with_body,
 )
@@ -267,7 +268,7 @@ def _bind_runtime_grid(
             kernel_body = seq(tile_space.bind_tile_count(site, seq([*binds, kernel_body])))
             binds = []
         if truncate:
-            kernel_body = _truncating_divisions_by(inner, kernel_body)
+            kernel_body = truncating(kernel_body, inner)
         return with_body(loop, seq([*binds, kernel_body]))
 
     launched = tirx.min(slots, int_imm(plan.runtime_grid_bound(), dtype))
@@ -279,18 +280,6 @@ def _bind_runtime_grid(
             dtype, plan.scheme.run_time_grid(plan, launched, TIR_OPS, decision.fixup)
         )
     return seq([tirx.Bind(grid, launched), structural_map(body, (tirx.For, kernel))])
-
-
-def _truncating_divisions_by(divisor: tirx.Var, body: tirx.Stmt) -> tirx.Stmt:
-    """``body`` with every floor division and modulo by ``divisor`` truncating instead."""
-
-    def div(e):
-        return tirx.truncdiv(e.a, e.b) if e.b.same_as(divisor) else e
-
-    def mod(e):
-        return tirx.truncmod(e.a, e.b) if e.b.same_as(divisor) else e
-
-    return structural_map(body, [(tirx.FloorDiv, div), (tirx.FloorMod, mod)])
 
 
 def _persistent_nest(site, plan, decision, fixup, strip, tile_body, device_grid=None) -> tirx.Stmt:
