@@ -224,10 +224,18 @@ def test_moe_shapes_are_checked():
         _moe_module(kernel, 5, 32, 16, "float32")
 
 
+# Registers allowed above the data-parallel grouped kernel per fix-up. Measured (sm_80, 64x64
+# tiles, 256 threads): data-parallel 48 registers; Stream-K with the atomic fix-up 48 (both 64
+# while a segment's tile was int64), with the workspace fix-up 79 and no spills (24 B of spills
+# before the peer walk's divisions truncated, 12 B before its segment values were int32 and its
+# peers one closed form). The workspace kernel stays above the data-parallel kernel's 48 + 16
+# (README, "Grouped GEMM"): its allowance holds what is reached.
+GROUPED_EXTRA_REGISTERS = {"atomic": 16, "workspace": 32}
+
+
 @pytest.mark.skipif(not ptxas.available(), reason="nvcc is not on PATH")
-def test_grouped_kernel_resources():
-    # Measured (sm_80, 64x64 tiles, 256 threads): the data-parallel grouped kernel 64
-    # registers; Stream-K with the atomic fix-up 63, no spills.
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+def test_grouped_kernel_resources(fixup):
     def report(func):
         lib = tvm.compile(tvm.IRModule({"main": func}), target=A100, tir_pipeline="tvm_streamk")
         return ptxas.resources(lib.mod.imports[0].inspect_source(), "sm_80")
@@ -238,27 +246,13 @@ def test_grouped_kernel_resources():
     base = max(report(dp).values(), key=lambda r: r.registers)
     assert base.spills == 0 and base.stack == 0, base
     kernel = moe.grouped_matmul_kernel(
-        8, 512, 256, target=A100, num_sms=108, fixup="atomic", tiles=(64, 64, 16, 4, 4)
+        8, 512, 256, target=A100, num_sms=108, fixup=fixup, tiles=(64, 64, 16, 4, 4)
     )
     for name, r in report(kernel).items():
         assert r.spills == 0 and r.stack == 0, (name, r)
-        assert r.shared <= base.shared, (name, r, base)
-        assert r.registers <= base.registers + 16, (name, r, base)
-
-
-@pytest.mark.skipif(not ptxas.available(), reason="nvcc is not on PATH")
-@pytest.mark.xfail(
-    strict=True,
-    reason="KNOWN: the workspace fix-up of a run-time tile count spills on sm_80 (80 registers, "
-    "12 B of spill stores; 24 B before the peer walk's divisions truncated)",
-)
-def test_grouped_workspace_kernel_resources():
-    kernel = moe.grouped_matmul_kernel(
-        8, 512, 256, target=A100, num_sms=108, fixup="workspace", tiles=(64, 64, 16, 4, 4)
-    )
-    lib = tvm.compile(tvm.IRModule({"main": kernel}), target=A100, tir_pipeline="tvm_streamk")
-    for name, r in ptxas.resources(lib.mod.imports[0].inspect_source(), "sm_80").items():
-        assert r.spills == 0 and r.stack == 0, (name, r)
+        # The workspace kernel's 4 bytes: the last-arriver flag in shared memory.
+        assert r.shared <= base.shared + 4, (name, r, base)
+        assert r.registers <= base.registers + GROUPED_EXTRA_REGISTERS[fixup], (name, r, base)
 
 
 def test_explain_at_one_routing():
@@ -291,7 +285,7 @@ def test_dlight_schedule_is_refused_with_the_reason():
 @pytest.mark.skipif(not ptxas.available(), reason="nvcc is not on PATH")
 def test_persistent_grid_sized_by_the_built_kernels_occupancy():
     # The data-parallel grouped kernel is built through the tvm_streamk pipeline (which lowers
-    # the views) and read by ptxas: 64 registers x 256 threads leave 4 blocks per sm_80 SM.
+    # the views) and read by ptxas: 48 registers x 256 threads leave 5 blocks per sm_80 SM.
     kernel = moe.grouped_matmul_kernel(
         8, 512, 256, target=A100, fixup="atomic", tiles=(64, 64, 16, 4, 4)
     )
@@ -300,7 +294,7 @@ def test_persistent_grid_sized_by_the_built_kernels_occupancy():
 
     site = first_site(kernel)
     decision = ann.decision_of(site.block.annotations, site.block.name_hint)
-    assert (decision.num_sms, decision.blocks_per_sm) == (108, 4)
+    assert (decision.num_sms, decision.blocks_per_sm) == (108, 5)
 
 
 def test_moe_token_features_are_checked():

@@ -141,6 +141,10 @@ def test_huge_shapes_do_not_wrap(M, N, K, policy):
         # b * TOTAL passes 2^31. (A hybrid's Stream-K region is a few waves of tiles: TVM may
         # narrow its unit-0 range back to int32, which the evaluation above shows is exact.)
         assert str(evaluate.by_name["sk_lo"].ty.dtype) == "int64"
+    # The segment values (tile, first and last panel) stay int32 below the tile count; the
+    # evaluation above checked them with int32 wrap-around.
+    for name in ("sk_tile", "sk_k_begin", "sk_k_end"):
+        assert str(evaluate.by_name[name].ty.dtype) == "int32", name
 
 
 def test_int32_stays_where_it_cannot_wrap():

@@ -108,9 +108,11 @@ def test_lowering_view_matches_the_static_plan(tiles, panels):
     for t in range(tiles):
         peers = view.tile_peers(t, INT_OPS, grid)
         assert peers == static.tile_peers(t)
-        assert [view.peer_block(t, p, INT_OPS, grid) for p in range(peers)] == [
-            static.peer_block(t, p) for p in range(peers)
-        ]
+        expected = [static.peer_block(t, p) for p in range(peers)]
+        assert [view.peer_block(t, p, INT_OPS, grid) for p in range(peers)] == expected
+        # A grid that is not a Python int stands for one read at run time (its own closed form).
+        at_run_time = np.int64(grid)
+        assert [view.peer_block(t, p, INT_OPS, at_run_time) for p in range(peers)] == expected
 
 
 def test_view_refuses_what_needs_an_int_count():
@@ -152,10 +154,41 @@ def test_grid_is_computed_at_run_time():
     assert f"sk_grid: T.let[T.int64] = {grid}" in lowered
 
 
+def test_segment_values_narrow_under_a_host_check():
+    # Ranges stay int64; a segment's tile and panels are int32, which the host checks before
+    # any launch: 3 tile columns, so at most (2**31 - 1) // 3 tile rows of 16.
+    sch = _reference_kernel()
+    tvm_streamk.stream_k(sch, "C_update", num_sms=3, policy="stream_k", fixup="workspace")
+    lowered = tvm_streamk.lower(sch.mod, A100)["main"].script()
+    assert "sk_lo: T.let[T.int64]" in lowered
+    for name in ("sk_tile", "sk_k_begin", "sk_k_end"):
+        assert f"{name}: T.let[T.int32]" in lowered, name
+    assert '* T.int64(3) <= T.int64(2147483647), ("ValueError"' in lowered
+
+    kernel = pocl_backend.compile(sch.mod, pipeline="tvm_streamk")
+
+    def call(m):
+        # Broadcast views: checked and planned at any size without being materialised.
+        a = np.broadcast_to(np.zeros((1, 56), np.float32), (m, 56))
+        b = np.zeros((56, 40), np.float32)
+        c = np.broadcast_to(np.zeros((1, 40), np.float32), (m, 40))
+        return a, b, c
+
+    largest = (2**31 - 1) // 3 * 16
+    launches, _ = kernel.plan_call(*call(largest))
+    assert launches
+    message = r"tvm-streamk: the run-time sizes \['m'\] give more than 2\*\*31 - 1 output tiles"
+    with pytest.raises(ValueError, match=message):
+        kernel.plan_call(*call(largest + 1))
+    with pytest.raises(ValueError, match=message):
+        kernel.run(*call(2**35))
+
+
 @pytest.mark.skipif(not ptxas.available(), reason="nvcc is not on PATH")
 @pytest.mark.parametrize("fixup", ["atomic", "workspace"])
 def test_dlight_dynamic_kernel_resources(fixup):
-    # Measured: data-parallel 64 registers; Stream-K on a run-time count 96 (int64 closed forms).
+    # Measured (sm_80): data-parallel 64 registers; Stream-K on a run-time count 64 (atomic) and
+    # 72 (workspace), 96 for both while the segments' tile and panels were int64 too.
     dp, block = _dlight_kernel()
     sch, _ = _dlight_kernel()
     tvm_streamk.stream_k(sch, block, target=A100, num_sms=108, policy="stream_k", fixup=fixup)
@@ -168,7 +201,7 @@ def test_dlight_dynamic_kernel_resources(fixup):
     for name, kernel in report(sch).items():
         assert kernel.spills == 0 and kernel.stack == 0, (name, kernel)
         assert kernel.shared <= base.shared + 1024, (name, kernel, base)
-        assert kernel.registers <= base.registers + 32, (name, kernel, base)
+        assert kernel.registers <= base.registers + 16, (name, kernel, base)
 
 
 @pytest.mark.parametrize(

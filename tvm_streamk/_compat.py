@@ -129,6 +129,19 @@ BufferStore = tirx.BufferStore
 call_pure_extern = tirx.call_pure_extern
 
 
+def assert_stmt(condition, kind: str, message: str) -> tirx.Stmt:
+    """``assert condition, (kind, [message])``: a host check raising the Python exception
+    ``kind`` (``"ValueError"``) with ``message`` when ``condition`` is false.
+
+    0.27's ``tirx.AssertStmt.__init__`` passes its arguments to the constructor in another order
+    than the constructor takes them (kind first, condition second): the constructor is called
+    directly.
+    """
+    return tirx._ffi_api.AssertStmt(
+        condition, tvm.ir.StringImm(kind), [tvm.ir.StringImm(message)], None
+    )
+
+
 def codegen_source(device_mod: tvm.IRModule, target: tvm.target.Target) -> str:
     """Source of a finalized device module from TVM's own ``target.build.<kind>`` (OpenCL C)."""
     return tir_build_module.codegen_build(device_mod, target).inspect_source()

@@ -5,6 +5,9 @@ from __future__ import annotations
 from ._compat import ScheduleError, register_ffi_error
 
 _PREFIX = "Stream-K precondition violated ["
+# The start of the message of every host check a kernel makes before it launches (a run-time size
+# beyond what its index arithmetic holds): the PoCL backend evaluates these checks itself.
+HOST_CHECK = "tvm-streamk: "
 
 
 @register_ffi_error

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .ops import DecompositionError, Ops, even_block, even_range
+from .ops import DecompositionError, Ops, even_block, even_range, is_static
 from .policy import Policy, register
 
 
@@ -87,6 +87,13 @@ class StreamK(Policy):
         return region_peer_index(b, tile, k_begin, p.iterations, p.panels, g, ops)
 
     def peer_block(self, p, tile, peer, ops, g):
+        if not is_static(g):
+            # A grid read at run time is never more blocks than iterations
+            # (Policy.run_time_grid): peer p is the p-th block of the tile's span, and the
+            # kernel needs no select between two closed forms (the grouped GEMM's workspace
+            # kernel on sm_80: 16 bytes of spills without it, none with it).
+            first, _ = span(tile, p.iterations, p.panels, g, ops)
+            return first + peer
         return region_peer_block(tile, peer, p.iterations, p.panels, g, ops)
 
     def largest_intermediate(self, p, g):

@@ -32,6 +32,7 @@ from .._compat import (
     prim_dtype_of,
     structural_walk,
 )
+from ..errors import HOST_CHECK
 from .errors import UnsupportedKernelError
 from .signature import Param
 from .tir_arith import BINARY_OPS, cast
@@ -46,6 +47,17 @@ class ParamData:
     """The value of a host expression that is the data pointer of PrimFunc parameter ``param``."""
 
     param: int
+
+
+@dataclass(frozen=True)
+class HostCheck:
+    """A check the host function makes before it launches anything, one of the package's own
+    (its message starts with :data:`~tvm_streamk.errors.HOST_CHECK`): when ``condition`` is
+    false the call raises the Python exception named ``kind`` with ``message``."""
+
+    condition: object
+    kind: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -106,6 +118,9 @@ class HostCode:
         evaluates to its index here.
     calls : list[tuple]
         ``(call, guards)`` of every ``call_ffi_kernel``, in launch order.
+    checks : list[HostCheck]
+        The package's own host checks (a run-time size beyond a kernel's index arithmetic), in
+        order; TVM's argument checks are :func:`~.signature.check_arguments`'s.
 
     Raises
     ------
@@ -131,6 +146,7 @@ class HostCode:
         self.buffers: dict[int, object] = {}
         self.allocations: list[Allocation] = []
         self.calls: list[tuple[object, tuple]] = []
+        self.checks: list[HostCheck] = []
         self._walk(func.body, ())
 
     def _walk(self, stmt, guards: tuple) -> None:
@@ -170,8 +186,12 @@ class HostCode:
                 self.func_name,
                 "Bind every loop nest that writes memory to blockIdx/threadIdx.",
             )
-        # AssertStmt (argument checks, done by check_arguments instead), Return, and no-ops need
-        # nothing.
+        elif isinstance(stmt, tirx.AssertStmt):
+            message = "".join(_string(part) or str(part) for part in stmt.message_parts)
+            if message.startswith(HOST_CHECK):
+                self.checks.append(HostCheck(stmt.condition, _string(stmt.error_kind), message))
+        # TVM's argument checks (AssertStmt, done by check_arguments instead), Return, and
+        # no-ops need nothing.
 
     def _evaluate_stmt(self, value, guards: tuple) -> None:
         if not isinstance(value, tvm.ir.Call):

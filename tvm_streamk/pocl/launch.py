@@ -9,6 +9,7 @@ extents. Values that depend on the call (symbolic shapes, scalar parameters) sta
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -142,6 +143,10 @@ class LaunchPlan:
         def concrete(x):
             return self._host.evaluate(x.expr, values) if isinstance(x, Deferred) else x
 
+        for check in self._host.checks:
+            # As the compiled host function does before its first launch.
+            if not bool(self._host.evaluate(check.condition, values)):
+                raise getattr(builtins, check.kind, RuntimeError)(check.message)
         resolved = []
         for launch in self.launches:
             args = tuple(

@@ -143,7 +143,7 @@ class CompiledKernel:
                 if not param.is_buffer:
                     call.append(value)
                     continue
-                out = np.empty_like(value)
+                out = np.empty(value.shape, value.dtype)
                 if out.nbytes:
                     cl.enqueue_copy(q, out, buf)
                 call.append(out)
@@ -169,6 +169,19 @@ class CompiledKernel:
                 samples.append(sum(spans) * 1e-9)
         return statistics.median(samples)
 
+    def plan_call(self, *arrays) -> tuple[list, list[int]]:
+        """The launches and workspace byte sizes a call with ``arrays`` makes, without running
+        it: its host checks run (a run-time size beyond what a kernel's index arithmetic holds
+        raises as the compiled host function does), no buffer is allocated, and ``arrays`` may
+        be broadcast views of any size.
+
+        Raises
+        ------
+        ArgumentError
+            If ``arrays`` do not match :attr:`params`.
+        """
+        return self._plan.resolve(check_arguments(self.name, self.params, arrays))
+
     def _prepare(self, values: Sequence):
         import pyopencl as cl
 
@@ -180,7 +193,8 @@ class CompiledKernel:
             if not param.is_buffer:
                 params.append(None)
             elif value.nbytes:
-                params.append(cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=value))
+                host = np.ascontiguousarray(value)
+                params.append(cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=host))
             else:
                 params.append(cl.Buffer(ctx, mf.READ_WRITE, 1))
         workspaces = []

@@ -84,7 +84,8 @@ def _accepts(dtype: str, array: np.ndarray) -> bool:
 
 
 def check_arguments(func_name: str, params: Sequence[Param], args: Sequence) -> list:
-    """Validate ``args`` against ``params``; return the buffers as C-contiguous arrays.
+    """Validate ``args`` against ``params``; return the buffers as given (a copy to the device
+    makes them contiguous: a broadcast view is checked without being materialised).
 
     Scalars are returned as 0-d arrays of the parameter's dtype.
 
@@ -139,5 +140,5 @@ def check_arguments(func_name: str, params: Sequence[Param], args: Sequence) -> 
                         f"but {source} set it to {bound}"
                     )
                 symbols.setdefault(key, (found, f"{param.name}.shape[{axis}]"))
-        values.append(np.ascontiguousarray(arg))
+        values.append(arg)
     return values

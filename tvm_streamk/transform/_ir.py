@@ -11,10 +11,13 @@ from .. import decomposition
 from .._compat import (
     SBlock,
     SBlockRealize,
+    arith,
+    assert_stmt,
     dtype_of,
     structural_map,
     structural_walk,
 )
+from ..errors import HOST_CHECK
 
 
 class TirOps:
@@ -246,6 +249,47 @@ def index_dtype(site, plan: decomposition.Plan, runtime_grid: bool = False) -> s
         return "int64"
     bound = plan.largest_intermediate(plan.runtime_grid_bound() if runtime_grid else None)
     return "int64" if bound > INT32_MAX else site.index_dtype
+
+
+def tile_bound(site, plan: decomposition.Plan):
+    """The most tiles the kernel walks: an int for a compile-time count, else an int64
+    expression of the run-time sizes (a grouped GEMM's bound from its rows)."""
+    if not site.runtime_tiles:
+        return int(plan.tiles)
+    bound = site.ragged.tile_bound if site.ragged is not None else site.tile_count
+    return arith.Analyzer().simplify(bound)
+
+
+def segment_dtype(site, plan: decomposition.Plan, range_dtype: str) -> str:
+    """The integer type of a segment's values (its tile, first and last panel): int32 when the
+    tile count and the panel count fit it, which :func:`tile_count_check` makes the host check
+    for a run-time count. The ranges they come from keep ``range_dtype`` (their products of
+    blocks and iterations need int64 sooner); int32 segment values keep the tile decode, the
+    counters' addresses and the panel loop's bounds in 32-bit registers."""
+    bound = tile_bound(site, plan)
+    if range_dtype == "int32":
+        return "int32"
+    if isinstance(bound, int) and max(bound, plan.panels) > INT32_MAX:
+        return range_dtype
+    return "int32"
+
+
+def tile_count_check(site, plan: decomposition.Plan, range_dtype: str) -> tirx.Stmt | None:
+    """A host check that a run-time tile count fits the int32 segment values
+    (:func:`segment_dtype`), raising ``ValueError`` before any kernel launches; None where the
+    count is known at compile time."""
+    bound = tile_bound(site, plan)
+    if isinstance(bound, int) or segment_dtype(site, plan, range_dtype) != "int32":
+        return None
+    names: dict[str, None] = {}
+    structural_walk(bound, (tirx.Var, lambda v: names.setdefault(v.name, None)))
+    return assert_stmt(
+        bound <= tirx.IntImm(dtype_of(bound), INT32_MAX),
+        "ValueError",
+        f"{HOST_CHECK}the run-time sizes {sorted(names)} give more than 2**31 - 1 output "
+        "tiles, beyond the kernel's 32-bit tile index; split the call into parts of fewer "
+        "tiles each",
+    )
 
 
 def cast_to(dtype: str, value):

@@ -22,12 +22,14 @@ from . import fixup, tile_space
 from ._ir import (
     Segment,
     bound_loop,
+    cast_to,
     fresh_definitions,
     index_dtype,
     int_imm,
     over_units,
     prune_to,
     replace_block,
+    segment_dtype,
     seq,
     var,
 )
@@ -158,13 +160,14 @@ class AtomicFixup(fixup.Fixup):
 
         zero_body = prune_to(self.tile_body, self.names, zero)
         dtype = index_dtype(site, self.plan, runtime_grid=self.grid is not None)
-        tile, b = var("sk_zero_tile", dtype), var("sk_zero_block", dtype)
+        own = segment_dtype(site, self.plan, dtype)
+        tile, b = var("sk_zero_tile", own), var("sk_zero_block", dtype)
 
         def zero_where_split(lo, hi, may_be_empty: bool) -> tirx.Stmt:
             starts_inside = tirx.And(lo < hi, tirx.floormod(lo, panels) != 0)
             body = seq(
                 [
-                    tirx.Bind(tile, tirx.floordiv(lo, panels)),
+                    tirx.Bind(tile, cast_to(own, tirx.floordiv(lo, panels))),
                     *tile_space.coordinates(site, tile, self.group),
                     zero_body,
                 ]

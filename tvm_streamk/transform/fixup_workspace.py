@@ -246,18 +246,22 @@ class WorkspaceFixup(fixup.Fixup):
         for loop in reversed(threads):
             arrive = with_body(loop, arrive)
 
-        p = var("sk_peer", str(seg.tile.ty))
+        # The peer walk's closed forms multiply a tile by the grid and the iterations: they run
+        # in the blocks' type, the segment's tile (int32 where it fits) widened to it.
+        dtype = dtype_of(seg.block)
+        tile = cast_to(dtype, seg.tile)
+        p = var("sk_peer", dtype)
         # The peer walk's divisions truncate (_ir.truncating): with a run-time tile count they
         # divide by run-time values, where a floor division is a division, a modulo and a sign
         # test (the grouped GEMM's workspace kernel on sm_80: 24 bytes of spills, 12 with it).
-        peers = truncating(plan.tile_peers(seg.tile, TIR_OPS, self.grid))
+        peers = truncating(plan.tile_peers(tile, TIR_OPS, self.grid))
 
         def finish(realize: SBlockRealize) -> SBlockRealize:
             block = realize.block
             merged = loaded_buffer(self.acc_load)
-            peer = plan.peer_block(seg.tile, p, TIR_OPS, self.grid)
+            peer = plan.peer_block(tile, p, TIR_OPS, self.grid)
             peer_lo, _ = plan.block_range(peer, 0, TIR_OPS, self.grid)
-            slot = truncating(self._slot(peer, tirx.floordiv(peer_lo, panels) == seg.tile))
+            slot = truncating(self._slot(peer, tirx.floordiv(peer_lo, panels) == tile))
             # The last arriver reads its own partial back too (from L2, just written) rather than
             # from its accumulator: keeping the accumulator live across the hand-off took dlight's
             # hybrid on sm_90 from 64 registers to 255 and 728 bytes of spills (ptxas -v).
@@ -365,8 +369,10 @@ class WorkspaceFixup(fixup.Fixup):
         is the last arriver's alone, once per split tile. Two cases keep the unrolled form:
 
         * a run-time tile count: the closed forms then divide 64-bit values by run-time counts,
-          and rolled, nvcc keeps those quotients live across the loop and spills (dlight's
-          dynamic-M kernel on sm_80: 80 registers and 48 bytes of spills, against 96 and none);
+          whose quotients nvcc keeps live across a rolled loop. With int32 segment values the
+          two forms measure alike (dlight's dynamic-M kernel: 72 registers either way on sm_80
+          and sm_90; the grouped GEMM's on sm_80: 79 unrolled, 80 rolled); before them, rolled
+          spilled (80 registers and 48 bytes of spills on sm_80, against 96 and none);
         * a write-back that reads another register buffer than the accumulator: indexed by a
           rolled loop, it would move to local memory.
         """

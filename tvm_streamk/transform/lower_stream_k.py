@@ -51,7 +51,9 @@ from ._ir import (
     opaque_bind,
     over_units,
     replace_block,
+    segment_dtype,
     seq,
+    tile_count_check,
     truncating,
     var,
     with_body,
@@ -197,7 +199,8 @@ def rewrite(
     nests = [tile_space.group_offsets_kernel(site), fixup.prologue(), main]
     if device_grid is not None:
         nests = [
-            _bind_runtime_grid(device_grid, plan, decision, seq(nests), target, site, whole_tiles)
+            tile_count_check(site, plan, dtype_of(device_grid)),
+            _bind_runtime_grid(device_grid, plan, decision, seq(nests), target, site, whole_tiles),
         ]
     band_var = site.band[0].loop_var
 
@@ -284,13 +287,16 @@ def _bind_runtime_grid(
 
 def _persistent_nest(site, plan, decision, fixup, strip, tile_body, device_grid=None) -> tirx.Stmt:
     panels = site.panels
+    # Blocks and ranges in the type their largest intermediate needs; the segment values
+    # (below the tile and panel counts) in int32 where those fit (_ir.segment_dtype).
     dtype = index_dtype(site, plan, runtime_grid=device_grid is not None)
+    own = segment_dtype(site, plan, dtype)
     seg = Segment(
         block=var("sk_block", dtype),
-        index=var("sk_segment", dtype),
-        tile=var("sk_tile", dtype),
-        k_begin=var("sk_k_begin", dtype),
-        k_end=var("sk_k_end", dtype),
+        index=var("sk_segment", own),
+        tile=var("sk_tile", own),
+        k_begin=var("sk_k_begin", own),
+        k_end=var("sk_k_end", own),
         full=var("sk_full", "bool"),
     )
     tile, k0, k1 = seg.tile, seg.k_begin, seg.k_end
@@ -301,12 +307,13 @@ def _persistent_nest(site, plan, decision, fixup, strip, tile_body, device_grid=
         # loop, not a while over a mutable cursor, keeps every index a pure function of loop
         # variables, which the region analyses of the rest of the pipeline need.
         first = tirx.floordiv(lo, panels)
-        count = tirx.floordiv(hi + (panels - 1), panels) - first
+        count = cast_to(own, tirx.floordiv(hi + (panels - 1), panels) - first)
+        start = cast_to(dtype, tile) * panels
         segment = seq(
             [
-                tirx.Bind(tile, first + seg.index),
-                tirx.Bind(k0, tirx.max(lo - tile * panels, 0)),
-                tirx.Bind(k1, tirx.min(hi - tile * panels, panels)),
+                tirx.Bind(tile, cast_to(own, first) + seg.index),
+                tirx.Bind(k0, cast_to(own, tirx.max(lo - start, 0))),
+                tirx.Bind(k1, cast_to(own, tirx.min(hi - start, panels))),
                 *tile_space.coordinates(site, tile, decision.group or None),
                 tirx.Bind(seg.full, tirx.And(k0 == 0, k1 == panels)),
                 tile_body,
@@ -315,8 +322,8 @@ def _persistent_nest(site, plan, decision, fixup, strip, tile_body, device_grid=
         )
         # The trip count holds a Select only where a range can be empty: barriers sit inside
         # this loop, and some OpenCL compilers (PoCL) mishandle them under a selected bound.
-        extent = tirx.Select(lo < hi, count, int_imm(0, dtype)) if may_be_empty else count
-        return tirx.For(seg.index, int_imm(0, dtype), extent, tirx.ForKind.SERIAL, segment)
+        extent = tirx.Select(lo < hi, count, int_imm(0, own)) if may_be_empty else count
+        return tirx.For(seg.index, int_imm(0, own), extent, tirx.ForKind.SERIAL, segment)
 
     grid = int_imm(plan.grid, dtype) if device_grid is None else device_grid
     units = over_units(plan, seg.block, walk, device_grid, idle=site.ragged is not None)
