@@ -176,6 +176,23 @@ def test_hybrid_with_blocks_that_get_no_stream_k_work(fixup):
     assert workloads.relative_error(out, ref) <= FP32_TOL
 
 
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+def test_hybrid_without_stream_k_tiles(fixup):
+    # 8 tiles on 4 SMs: whole waves, so the two-tile hybrid has no Stream-K tile and every
+    # block's unit 0 is empty. The kernel walks its data-parallel units only (no unit loop).
+    func = workloads.gemm(256, 32, 24)
+    sch = workloads.reference_schedule(func)
+    plan = tvm_streamk.stream_k(
+        sch, "C_update", num_sms=4, policy="hybrid", variant="two_tile", fixup=fixup, target=OPENCL
+    )
+    assert plan.sk_tiles == 0 and plan.units() == 3
+    assert all(lo >= hi for lo, hi in (plan.block_range(b, 0) for b in range(plan.grid)))
+    lowered = tvm_streamk.lower(sch.mod, OPENCL)["main"].script()
+    assert "for sk_unit in range(1, 3)" in lowered
+    out, ref = _run(func, sch)
+    assert workloads.relative_error(out, ref) <= FP32_TOL
+
+
 def _gemv_schedule(N: int, K: int):
     """A GEMV kernel: 32 output rows per block, one per thread, x staged per K panel of 64."""
     func = workloads.gemv(N, K)

@@ -218,13 +218,16 @@ def over_units(plan: decomposition.Plan, b, make_body, grid=None, idle=False) ->
     units = plan.units(TIR_OPS, grid)
     dtype = dtype_of(b)
     # Only a hybrid's Stream-K unit can be empty (more blocks than its iterations), and only a
-    # run-time grid leaves that unknown; data-parallel units always hold a whole tile.
-    may_be_empty = grid is not None or any(
-        lo >= hi for lo, hi in (plan.block_range(blk, 0) for blk in range(plan.grid))
-    )
-    if isinstance(units, int) and units == 1:
+    # run-time grid leaves that unknown; data-parallel units always hold a whole tile. A unit
+    # empty for every block (a hybrid without Stream-K tiles) is not walked at all: with its
+    # loop, a GEMV hybrid on sm_90 took 32 registers and 8 bytes of spills, without it 36 and
+    # none, as its data-parallel kernel.
+    empty = [] if grid is not None else [lo >= hi for lo, hi in _unit_ranges(plan, 0)]
+    first = 1 if isinstance(units, int) and units > 1 and empty and all(empty) else 0
+    may_be_empty = grid is not None or (first == 0 and any(empty))
+    if isinstance(units, int) and units - first == 1:
         lo, hi = var("sk_lo", dtype), var("sk_hi", dtype)
-        lo_e, hi_e = plan.block_range(b, 0, TIR_OPS, grid)
+        lo_e, hi_e = plan.block_range(b, first, TIR_OPS, grid)
         if idle:
             lo_e, hi_e = tirx.min(lo_e, plan.iterations), tirx.min(hi_e, plan.iterations)
         return seq([tirx.Bind(lo, lo_e), tirx.Bind(hi, hi_e), make_body(lo, hi, may_be_empty)])
@@ -235,7 +238,13 @@ def over_units(plan: decomposition.Plan, b, make_body, grid=None, idle=False) ->
     lo, lo_stmts = opaque_bind("sk_lo", lo_e, dtype, 0, plan.iterations)
     hi, hi_stmts = opaque_bind("sk_hi", hi_e, dtype, 0, plan.iterations)
     body = seq([*lo_stmts, *hi_stmts, make_body(lo, hi, may_be_empty)])
-    return tirx.For(u, int_imm(0, dtype), units, tirx.ForKind.SERIAL, body)
+    count = units if first == 0 else units - first
+    return tirx.For(u, int_imm(first, dtype), count, tirx.ForKind.SERIAL, body)
+
+
+def _unit_ranges(plan: decomposition.Plan, u: int) -> list[tuple[int, int]]:
+    """Every block's range of unit ``u`` of a plan on its compile-time grid."""
+    return [plan.block_range(blk, u) for blk in range(plan.grid)]
 
 
 INT32_MAX = 2**31 - 1
