@@ -91,7 +91,7 @@ class StreamK(Policy):
             # A grid read at run time is never more blocks than iterations
             # (Policy.run_time_grid): peer p is the p-th block of the tile's span, and the
             # kernel needs no select between two closed forms (the grouped GEMM's workspace
-            # kernel on sm_80: 16 bytes of spills without it, none with it).
+            # kernel on sm_80: 80 registers and 12 bytes of spills with it, 79 and none without).
             first, _ = span(tile, p.iterations, p.panels, g, ops)
             return first + peer
         return region_peer_block(tile, peer, p.iterations, p.panels, g, ops)
