@@ -257,6 +257,31 @@ def test_closed_forms_with_empty_stream_k_blocks():
 
 
 @SETTINGS
+@given(plans(("stream_k",)))
+def test_a_run_time_grids_peers_are_the_blocks_between_the_first_and_the_last(p):
+    # What the workspace fix-up's peer record rests on under a grid read at run time (never
+    # more blocks than iterations, as every stream_k plan): a split tile's peers are the
+    # consecutive blocks from the one holding its panel 0 to the one holding panel P - 1, and
+    # every peer but the first has the tile as its first segment.
+    assert p.grid <= p.iterations
+    holders: dict[int, list[tuple[int, int, int, int]]] = {}
+    for b, work in enumerate(p.work):
+        for index, (tile, k0, k1) in enumerate(work):
+            holders.setdefault(tile, []).append((b, index, k0, k1))
+    for tile, peers in holders.items():
+        if len(peers) < 2:
+            continue
+        blocks = [b for b, _, _, _ in peers]
+        assert blocks == list(range(blocks[0], blocks[-1] + 1)), tile
+        assert peers[0][2] == 0 and peers[-1][3] == p.panels
+        assert all(index == 0 for _, index, _, _ in peers[1:]), tile
+        # The first peer's slot: its first segment is this tile exactly when its range starts
+        # at the tile's first iteration.
+        first_lo, _ = p.block_range(blocks[0], 0)
+        assert (peers[0][1] == 0) == (first_lo == tile * p.panels)
+
+
+@SETTINGS
 @given(plans())
 def test_split_tiles_and_peers_agree_with_the_work(p):
     order = peers_in_k_order(p)

@@ -224,35 +224,32 @@ def test_moe_shapes_are_checked():
         _moe_module(kernel, 5, 32, 16, "float32")
 
 
-# Registers allowed above the data-parallel grouped kernel per fix-up. Measured (sm_80, 64x64
-# tiles, 256 threads): data-parallel 48 registers; Stream-K with the atomic fix-up 48 (both 64
-# while a segment's tile was int64), with the workspace fix-up 79 and no spills (24 B of spills
-# before the peer walk's divisions truncated, 12 B before its segment values were int32 and its
-# peers one closed form). The workspace kernel stays above the data-parallel kernel's 48 + 16
-# (README, "Grouped GEMM"): its allowance holds what is reached.
-GROUPED_EXTRA_REGISTERS = {"atomic": 16, "workspace": 32}
-
-
 @pytest.mark.skipif(not ptxas.available(), reason="nvcc is not on PATH")
 @pytest.mark.parametrize("fixup", ["atomic", "workspace"])
-def test_grouped_kernel_resources(fixup):
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_grouped_kernel_resources(fixup, arch):
+    # Measured (64x64 tiles, 256 threads, sm_80 and sm_90 alike): data-parallel 48 registers;
+    # Stream-K with the atomic fix-up 48 (both 64 on sm_80 while a segment's tile was int64),
+    # with the workspace fix-up 64 (on sm_80: 79 while the last arriver found its peers by
+    # closed forms on run-time counts, 80 and 12 B of spills before their run-time form).
+    target, sms = (A100, 108) if arch == "sm_80" else (H100, 132)
+
     def report(func):
-        lib = tvm.compile(tvm.IRModule({"main": func}), target=A100, tir_pipeline="tvm_streamk")
-        return ptxas.resources(lib.mod.imports[0].inspect_source(), "sm_80")
+        lib = tvm.compile(tvm.IRModule({"main": func}), target=target, tir_pipeline="tvm_streamk")
+        return ptxas.resources(lib.mod.imports[0].inspect_source(), arch)
 
     dp = moe.grouped_matmul_kernel(
-        8, 512, 256, target=A100, num_sms=108, policy="data_parallel", tiles=(64, 64, 16, 4, 4)
+        8, 512, 256, target=target, num_sms=sms, policy="data_parallel", tiles=(64, 64, 16, 4, 4)
     )
     base = max(report(dp).values(), key=lambda r: r.registers)
     assert base.spills == 0 and base.stack == 0, base
     kernel = moe.grouped_matmul_kernel(
-        8, 512, 256, target=A100, num_sms=108, fixup=fixup, tiles=(64, 64, 16, 4, 4)
+        8, 512, 256, target=target, num_sms=sms, fixup=fixup, tiles=(64, 64, 16, 4, 4)
     )
     for name, r in report(kernel).items():
         assert r.spills == 0 and r.stack == 0, (name, r)
-        # The workspace kernel's 4 bytes: the last-arriver flag in shared memory.
-        assert r.shared <= base.shared + 4, (name, r, base)
-        assert r.registers <= base.registers + GROUPED_EXTRA_REGISTERS[fixup], (name, r, base)
+        assert r.shared <= base.shared + 1024, (name, r, base)
+        assert r.registers <= base.registers + 16, (name, r, base)
 
 
 def test_explain_at_one_routing():

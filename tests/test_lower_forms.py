@@ -51,6 +51,7 @@ FORMS = {
     "split_k_aligned": dict(policy="split_k", splits=3, fixup="workspace", num_sms=4),
     "split_k_unaligned": dict(policy="split_k", splits=2, fixup="atomic", num_sms=4),
     "run_time_grid": dict(policy="stream_k", fixup="atomic", num_sms="device"),
+    "run_time_grid_workspace": dict(policy="stream_k", fixup="workspace", num_sms="device"),
 }
 
 

@@ -23,6 +23,7 @@ from tvm_streamk.errors import StreamKError
 from tvm_streamk.explain import ExplainError
 
 A100 = tvm.target.Target("nvidia/nvidia-a100")
+H100 = tvm.target.Target("nvidia/nvidia-h100")
 SIZES = (1, 7, 100, 1000, 4097)
 
 
@@ -30,7 +31,7 @@ def _reference_kernel(m="m"):
     return workloads.reference_schedule(workloads.gemm(m, 40, 56), bm=16, bn=16, bk=8, tm=2, tn=2)
 
 
-def _dlight_kernel(n: int = 192, k: int = 256) -> tuple[Schedule, str]:
+def _dlight_kernel(n: int = 192, k: int = 256, target=A100) -> tuple[Schedule, str]:
     """dlight's padded dynamic-M matmul schedule of ``a[m, k] @ b[k, n]`` (int64 ``m``)."""
     bb = relax.BlockBuilder()
     m = tirx.Var("m", "int64")
@@ -40,7 +41,7 @@ def _dlight_kernel(n: int = 192, k: int = 256) -> tuple[Schedule, str]:
         with bb.dataflow():
             c = bb.emit_output(relax.op.matmul(a, b))
         bb.emit_func_output(c)
-    with A100:
+    with target:
         mod = dlight.ApplyDefaultSchedule(dlight.gpu.Matmul())(
             relax.transform.LegalizeOps()(bb.get())
         )
@@ -186,16 +187,19 @@ def test_segment_values_narrow_under_a_host_check():
 
 @pytest.mark.skipif(not ptxas.available(), reason="nvcc is not on PATH")
 @pytest.mark.parametrize("fixup", ["atomic", "workspace"])
-def test_dlight_dynamic_kernel_resources(fixup):
-    # Measured (sm_80): data-parallel 64 registers; Stream-K on a run-time count 64 (atomic) and
-    # 72 (workspace), 96 for both while the segments' tile and panels were int64 too.
-    dp, block = _dlight_kernel()
-    sch, _ = _dlight_kernel()
-    tvm_streamk.stream_k(sch, block, target=A100, num_sms=108, policy="stream_k", fixup=fixup)
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_dlight_dynamic_kernel_resources(fixup, arch):
+    # Measured: data-parallel 64 registers on both; Stream-K on a run-time count 64 (atomic) and
+    # 72 (workspace) on sm_80, 56 and 62 on sm_90; 96 for all four while the segments' tile and
+    # panels were int64 too.
+    target, sms = (A100, 108) if arch == "sm_80" else (H100, 132)
+    dp, block = _dlight_kernel(target=target)
+    sch, _ = _dlight_kernel(target=target)
+    tvm_streamk.stream_k(sch, block, target=target, num_sms=sms, policy="stream_k", fixup=fixup)
 
     def report(s):
-        lib = tvm.compile(s.mod, target=A100, tir_pipeline="tvm_streamk")
-        return ptxas.resources(lib.mod.imports[0].inspect_source(), "sm_80")
+        lib = tvm.compile(s.mod, target=target, tir_pipeline="tvm_streamk")
+        return ptxas.resources(lib.mod.imports[0].inspect_source(), arch)
 
     base = max(report(dp).values(), key=lambda k: k.registers)
     for name, kernel in report(sch).items():

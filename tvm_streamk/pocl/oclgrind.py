@@ -8,11 +8,12 @@ inter-work-group hand-offs that Oclgrind's race detector cannot model (it knows 
 happens-before through atomics and fences across work-groups):
 
 * **the workspace fix-up's hand-off**: the last block to arrive at a tile's counter reads the
-  partial tiles other blocks stored to ``sk_workspace``. Their stores happen before the
-  counter's atomic increments that precede the reader's own increment (fence, barrier, atomic;
-  see :mod:`tvm_streamk.transform.fixup_workspace`), but Oclgrind reports the pair as a
-  read-write race. Accepted: read-write races between different work-groups whose both lines
-  access ``sk_workspace``.
+  partial tiles other blocks stored to ``sk_workspace``, and under a grid read at run time the
+  peer record the tile's first and last peers stored to ``sk_peer_record``. Their stores happen
+  before the counter's atomic increments that precede the reader's own increment (fence,
+  barrier, atomic; see :mod:`tvm_streamk.transform.fixup_workspace`), but Oclgrind reports the
+  pair as a read-write race. Accepted: read-write races between different work-groups whose
+  both lines access ``sk_workspace``, or both ``sk_peer_record``.
 * **TVM's float atomic add on OpenCL**: the codegen's ``atomic_add_float_emu`` helper reads
   the old value plainly and then retries ``atomic_cmpxchg`` until no other add intervened: the
   plain read races with other groups' compare-and-swap by design. Accepted: read-write races
@@ -34,7 +35,8 @@ from .errors import PoclError
 _LOCATION = re.compile(r"At line (\d+)")
 _GROUP = re.compile(r"Group\((\d+,\d+,\d+)\)")
 _HELPER = "atomic_add_float_emu"
-_WORKSPACE = "sk_workspace"
+# The buffers of the workspace fix-up's hand-off.
+_HANDOFF_BUFFERS = ("sk_workspace", "sk_peer_record")
 
 
 class OclgrindReportError(PoclError):
@@ -102,7 +104,10 @@ def is_documented_handoff(report: Report, source: str) -> bool:
     helper = _helper_lines(source)
     if all(n in helper for n in report.lines):
         return True
-    return all(0 < n <= len(text) and _WORKSPACE in text[n - 1] for n in report.lines)
+    return any(
+        all(0 < n <= len(text) and buffer in text[n - 1] for n in report.lines)
+        for buffer in _HANDOFF_BUFFERS
+    )
 
 
 def _excerpt(report: Report, source: str) -> str:

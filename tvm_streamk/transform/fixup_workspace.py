@@ -22,34 +22,46 @@ stores and reads consecutive words. The last arriver reads its own partial back 
 others' (from L2, just written): keeping it in the accumulator across the hand-off costs far
 more registers (measured with ptxas).
 
-Ordering (the hand-off argument). Writer side, per partial segment: every thread stores its
-part of the partial tile; the block meets at a barrier; then one thread (the leader) fences
-global memory and adds the segment's panel count to the tile's counter with an atomic. So every
-partial store of the block is ordered before its arrival. Reader side: the leader whose atomic
-returns the count that completes ``panels`` knows every other peer's arrival came first; it
-fences, publishes the verdict through shared memory and a second barrier, and then every thread
-reads the other peers' slots. No block ever waits for another (no spin), so there is no
-deadlock whatever the scheduling, and the counters and slots are this call's own.
+Peers. The last arriver sums the tile's peers in order; with a compile-time grid it finds them
+by the plan's closed forms. Under a grid read at run time those divide 64-bit values by run-time
+counts, so there a tile's first peer (the one holding panel 0) records its slot, and its last
+peer (holding panel ``P - 1``) its block, in two int32 words per tile: the peers are the blocks
+in between, each but the first with its partial in its first slot
+(:meth:`WorkspaceFixup._record_peers`). Both are partial segments, so both record before they
+arrive; the record is read like the partials (below) and never zeroed.
 
-How far each target guarantees it. CUDA (CUTLASS's ``barrier.h`` protocol): ``__threadfence``
-is a device-scope fence.sc, and PTX fences are cumulative: the stores other threads made before
+Ordering (the hand-off argument). Writer side, per partial segment: every thread stores its part
+of the partial tile; the block meets at a barrier; then one thread (the leader) stores the peer
+record where the segment has one, fences global memory and adds the segment's panel count to the
+tile's counter with an atomic. So every partial store of the block is ordered before its
+arrival. Reader side: the leader whose atomic returns the count that completes ``panels`` knows
+every other peer's arrival came first; it fences, reads the tile's peer record, publishes the
+verdict (and the record) through shared memory and a second barrier, and then every thread reads
+the peers' slots. No block ever waits for another (no spin), so there is no deadlock whatever
+the scheduling, and the counters, records and slots are this call's own. The record is written
+and read by leaders only, so a block never reads another thread's global store through a barrier
+(OpenCL's orders local memory only).
+
+How far each target guarantees it. CUDA (CUTLASS's ``barrier.h`` protocol): ``__threadfence`` is
+a device-scope fence.sc, and PTX fences are cumulative: the stores other threads made before
 ``__syncthreads`` are ordered by the leader's fence too, as are the reads they make after the
 second barrier by the leader's fence after its atomic; so only the leader fences, twice per
-partial segment. The reads of other blocks' partials use ``__ldcg``, which bypasses the
-non-coherent L1 that could hold a stale line from an earlier call. OpenCL 1.2 has no
+partial segment. The reads of other blocks' partials and records use ``__ldcg``, which bypasses
+the non-coherent L1 that could hold a stale line from an earlier call. OpenCL 1.2 has no
 device-scope release/acquire and its ``mem_fence`` orders only the calling work-item's own
-accesses, so there every thread fences before the first barrier (partial segments) and after
-the second (the last arriver), and atomics are the only inter-work-group synchronisation it
-defines. So on OpenCL the counter is an atomic, and
-32-bit partials (float32, int32 accumulators) are kept as int32 bit patterns (``as_int``) and
-read back with ``atomic_or(p, 0)``: an atomic read is served by the memory every work-group
-shares, never by a stale cache line. The partial stores stay plain stores followed by
-``mem_fence`` and the barrier before the arrival: atomic stores would give Oclgrind's
-uninitialised-value checker false reports (it treats an atomic exchange on never-written memory
-as a use of its old value) and cost every GPU an atomic per element. Other accumulator dtypes
-(float16, float64) are read with plain loads. An OpenCL C 2.0 ``atomic_work_item_fence(...,
-memory_scope_device)`` would make the store side a guarantee too; it needs OpenCL C 2.0 and is
-not emitted. The barriers stand outside any condition (see :meth:`WorkspaceFixup.after_segment`).
+accesses, so there every thread fences before the first barrier (partial segments) and after the
+second (the last arriver), and atomics are the only inter-work-group synchronisation it defines.
+So on OpenCL the counter is an atomic, the leader fences its peer record before it arrives and
+reads records with ``atomic_or(p, 0)``, and 32-bit partials (float32, int32 accumulators) are
+kept as int32 bit patterns (``as_int``) and read back the same way: an atomic read is served by
+the memory every work-group shares, never by a stale cache line. The partial stores stay plain
+stores followed by ``mem_fence`` and the barrier before the arrival: atomic stores would give
+Oclgrind's uninitialised-value checker false reports (it treats an atomic exchange on
+never-written memory as a use of its old value) and cost every GPU an atomic per element. Other
+accumulator dtypes (float16, float64) are read with plain loads. An OpenCL C 2.0
+``atomic_work_item_fence(..., memory_scope_device)`` would make the store side a guarantee too;
+it needs OpenCL C 2.0 and is not emitted. The barriers stand outside any condition (see
+:meth:`WorkspaceFixup.after_segment`).
 """
 
 from __future__ import annotations
@@ -166,18 +178,29 @@ class WorkspaceFixup(fixup.Fixup):
         # A grouped GEMM's tile count is read on the device: its counters take the bound.
         self.counter_tiles = plan.counter_tiles if site.ragged is None else site.ragged.tile_bound
         self.arrivals = tirx.decl_buffer((self.counter_tiles,), "int32", name="sk_arrivals")
-        self.last = tirx.decl_buffer((1,), "int32", name="sk_last", scope="shared")
+        # Under a grid read at run time, a split tile's first and last peers record where its
+        # peers are (_record_peers): the last arriver then walks them without the closed forms'
+        # 64-bit divisions by run-time counts. Written before the writers arrive, read after the
+        # last arrival: never zeroed.
+        self.record = (
+            tirx.decl_buffer((self.counter_tiles * 2,), "int32", name="sk_peer_record")
+            if grid is not None
+            else None
+        )
+        # The leader's verdict (is it the last arriver), and with a peer record the record it
+        # read for the block: [verdict, first peer's slot, last peer's block].
+        words = 1 if self.record is None else 3
+        self.last = tirx.decl_buffer((words,), "int32", name="sk_last", scope="shared")
         # ThreadSync refuses shared loads in branch conditions: branch on a register copy.
-        self.is_last = tirx.decl_buffer((1,), "int32", name="sk_is_last", scope="local")
+        self.is_last = tirx.decl_buffer((words,), "int32", name="sk_is_last", scope="local")
         self.sum = tirx.decl_buffer((1,), str(site.merged.dtype), name="sk_sum", scope="local")
 
     @property
     def buffers(self) -> tuple:
-        return (
-            (self.workspace, self.arrivals, self.last, self.is_last, self.sum)
-            if self.active
-            else ()
-        )
+        if not self.active:
+            return ()
+        record = () if self.record is None else (self.record,)
+        return (self.workspace, self.arrivals, *record, self.last, self.is_last, self.sum)
 
     def _linear(self, loops) -> tirx.Expr:
         """This thread's element of its slot: the write-back's loops flattened with the thread
@@ -215,12 +238,19 @@ class WorkspaceFixup(fixup.Fixup):
         """Arrive at the tile's counter; the last block sums the slots and writes the tile."""
         if not self.active:
             return None
-        _site, plan, panels = self.site, self.plan, self.site.panels
+        panels = self.site.panels
         covered = seg.k_end - seg.k_begin
         old = atomic_add(self.target, "int32", tirx.address_of(self.arrivals[seg.tile]), covered)
-        arrive_body = tirx.BufferStore(
-            self.last, tirx.Cast("int32", old + covered == panels), [int_imm(0)]
-        )
+        verdict = tirx.Cast("int32", old + covered == panels)
+        if self.record is not None:
+            # Bound: the leader reads the record on it too (_read_record).
+            bound = var("sk_verdict", "int32")
+            arrive_body = seq(
+                [tirx.Bind(bound, verdict), tirx.BufferStore(self.last, bound, [int_imm(0)])]
+            )
+            verdict = bound
+        else:
+            arrive_body = tirx.BufferStore(self.last, verdict, [int_imm(0)])
         # CUDA's fences are cumulative, so the leader's release fence after the block barrier
         # covers every thread's partial stores and its acquire fence before the next barrier
         # covers every thread's reads (CUTLASS's barrier.h); OpenCL's mem_fence orders only the
@@ -228,6 +258,12 @@ class WorkspaceFixup(fixup.Fixup):
         leader_fences = self.target.kind.name == "cuda"
         if leader_fences:
             arrive_body = seq([fence(self.target), arrive_body, fence(self.target)])
+        if self.record is not None:
+            # The leader records its place among the tile's peers before it arrives (fenced with
+            # its partial), and the last arriver's leader reads the tile's record after (so no
+            # barrier need order global memory inside the block: OpenCL's orders local memory).
+            recorded = seq([self._record_peers(seg), None if leader_fences else fence(self.target)])
+            arrive_body = seq([recorded, arrive_body, self._read_record(seg, verdict)])
         partial = tirx.Not(seg.full)
         threads = [lp for lp in self.loops if _tag(lp).startswith("threadIdx")]
         leader = partial
@@ -239,29 +275,30 @@ class WorkspaceFixup(fixup.Fixup):
         arrive = opaque_block(
             "sk_arrive",
             arrive_body,
-            reads=[whole(self.arrivals)],
-            writes=[whole(self.arrivals), whole(self.last)],
+            reads=[whole(self.arrivals)] + ([] if self.record is None else [whole(self.record)]),
+            writes=[whole(self.arrivals), whole(self.last)]
+            + ([] if self.record is None else [whole(self.record)]),
             predicate=leader,
         )
         for loop in reversed(threads):
             arrive = with_body(loop, arrive)
 
-        # The peer walk's closed forms multiply a tile by the grid and the iterations: they run
-        # in the blocks' type, the segment's tile (int32 where it fits) widened to it.
-        dtype = dtype_of(seg.block)
-        tile = cast_to(dtype, seg.tile)
-        p = var("sk_peer", dtype)
-        # The peer walk's divisions truncate (_ir.truncating): with a run-time tile count they
-        # divide by run-time values, where a floor division is a division, a modulo and a sign
-        # test (the grouped GEMM's workspace kernel on sm_80: 24 bytes of spills, 12 with it).
-        peers = truncating(plan.tile_peers(tile, TIR_OPS, self.grid))
+        if self.record is not None:
+            p = var("sk_peer", "int32")
+        else:
+            # The peer walk's closed forms multiply a tile by the grid and the iterations: they
+            # run in the blocks' type, the segment's tile (int32 where it fits) widened to it.
+            dtype = dtype_of(seg.block)
+            tile = cast_to(dtype, seg.tile)
+            p = var("sk_peer", dtype)
 
         def finish(realize: SBlockRealize) -> SBlockRealize:
             block = realize.block
             merged = loaded_buffer(self.acc_load)
-            peer = plan.peer_block(tile, p, TIR_OPS, self.grid)
-            peer_lo, _ = plan.block_range(peer, 0, TIR_OPS, self.grid)
-            slot = truncating(self._slot(peer, tirx.floordiv(peer_lo, panels) == tile))
+            if self.record is not None:
+                peers, slot = self._recorded_walk(seg, p)
+            else:
+                peers, slot = self._closed_form_walk(tile, p)
             # The last arriver reads its own partial back too (from L2, just written) rather than
             # from its accumulator: keeping the accumulator live across the hand-off took dlight's
             # hybrid on sm_90 from 64 registers to 255 and 728 bytes of spills (ptxas -v).
@@ -333,10 +370,18 @@ class WorkspaceFixup(fixup.Fixup):
         )
         zero = [int_imm(0)]
         # A full segment leaves the flag alone: it may hold the previous partial's arrival.
-        last = tirx.Select(partial, tirx.BufferLoad(self.last, zero), int_imm(0))
         read_last = opaque_block(
             "sk_read_last",
-            tirx.BufferStore(self.is_last, last, zero),
+            seq(
+                [
+                    tirx.BufferStore(
+                        self.is_last,
+                        tirx.Select(partial, tirx.BufferLoad(self.last, [i]), int_imm(0)),
+                        [int_imm(i)],
+                    )
+                    for i in range(int(self.last.shape[0]))
+                ]
+            ),
             reads=[whole(self.last)],
             writes=[whole(self.is_last)],
         )
@@ -357,6 +402,68 @@ class WorkspaceFixup(fixup.Fixup):
                 fresh_definitions(finish_nest),
             ]
         )
+
+    def _closed_form_walk(self, tile, p):
+        """The peer count of ``tile`` and the slot of its peer ``p``, from the plan's closed
+        forms (in the blocks' type)."""
+        plan, panels = self.plan, self.site.panels
+        # The divisions truncate (_ir.truncating): by run-time values a floor division is a
+        # division, a modulo and a sign test (the grouped GEMM's workspace kernel on sm_80: 24
+        # bytes of spills, 12 with it).
+        peers = truncating(plan.tile_peers(tile, TIR_OPS, self.grid))
+        peer = plan.peer_block(tile, p, TIR_OPS, self.grid)
+        peer_lo, _ = plan.block_range(peer, 0, TIR_OPS, self.grid)
+        return peers, truncating(self._slot(peer, tirx.floordiv(peer_lo, panels) == tile))
+
+    def _record_peers(self, seg: Segment) -> tirx.Stmt:
+        """A partial segment records its place among the tile's peers: the first peer (it
+        holds panel 0) its slot, the last peer (it holds panel ``P - 1``) its block.
+
+        Under a grid read at run time every block holds an iteration (never more blocks than
+        iterations, ``Policy.run_time_grid``), so a tile's peers are the consecutive blocks
+        from its first to its last peer (``StreamK.peer_block``), and every peer but the first
+        starts its range inside the tile: its partial is in its first slot. The last arriver
+        needs only these two numbers (:meth:`_recorded_walk`); both peers are partial (the tile
+        is split) and record before they arrive.
+        """
+        index = cast_to("int32", seg.tile) * 2
+        first_slot = cast_to("int32", self._slot(seg.block, seg.index == 0))
+        return seq(
+            [
+                tirx.IfThenElse(
+                    seg.k_begin == 0, tirx.BufferStore(self.record, first_slot, [index]), None
+                ),
+                tirx.IfThenElse(
+                    seg.k_end == self.site.panels,
+                    tirx.BufferStore(self.record, cast_to("int32", seg.block), [index + 1]),
+                    None,
+                ),
+            ]
+        )
+
+    def _read_record(self, seg: Segment, verdict) -> tirx.Stmt:
+        """The last arriver's leader reads its tile's peer record (like the partials, after its
+        arrival) into the shared verdict for the block; any other leader writes zeros."""
+        index = cast_to("int32", seg.tile) * 2
+        values = [self._load_shared(self.record, index), self._load_shared(self.record, index + 1)]
+        zero = int_imm(0)
+        return tirx.IfThenElse(
+            verdict != 0,
+            seq([tirx.BufferStore(self.last, v, [int_imm(i + 1)]) for i, v in enumerate(values)]),
+            seq([tirx.BufferStore(self.last, zero, [int_imm(i + 1)]) for i in range(2)]),
+        )
+
+    def _recorded_walk(self, seg: Segment, p):
+        """The peer count of the segment's tile and the slot of its peer ``p``, from what its
+        first and last peers recorded (:meth:`_record_peers`), as the block's leader read it."""
+        first_slot = tirx.BufferLoad(self.is_last, [int_imm(1)])
+        last_block = tirx.BufferLoad(self.is_last, [int_imm(2)])
+        per_block = self.plan.slots_per_block
+        first = tirx.truncdiv(first_slot, per_block) if per_block > 1 else first_slot
+        peers = last_block - first + 1
+        # Every later peer's partial is in its first slot (_slot).
+        slot = tirx.Select(p == 0, first_slot, (first + p) * per_block)
+        return peers, slot
 
     def _rolled_writeback(self) -> bool:
         """Whether the last arriver walks the tile's elements in rolled loops.
@@ -402,6 +509,14 @@ class WorkspaceFixup(fixup.Fixup):
             bits = tirx.call_extern("int32", "atomic_or", tirx.address_of(load), int_imm(0))
             return bits if dtype == "int32" else tirx.call_pure_extern(dtype, "as_float", bits)
         return load
+
+    def _load_shared(self, buffer: tirx.Buffer, index) -> tirx.Expr:
+        """An int32 another block wrote before it arrived, read as the partials are: from L2
+        on CUDA, by an atomic on OpenCL."""
+        address = tirx.address_of(tirx.BufferLoad(buffer, [index]))
+        if self.target.kind.name == "cuda":
+            return tirx.call_extern("int32", "__ldcg", address)
+        return tirx.call_extern("int32", "atomic_or", address, int_imm(0))
 
     def prologue(self) -> tirx.Stmt | None:
         """A kernel zeroing the arrival counters (the pool hands out uninitialised memory)."""
