@@ -89,9 +89,9 @@ class StreamK(Policy):
     def peer_block(self, p, tile, peer, ops, g):
         if not is_static(g):
             # A grid read at run time is never more blocks than iterations
-            # (Policy.run_time_grid): peer p is the p-th block of the tile's span, and the
-            # kernel needs no select between two closed forms (the grouped GEMM's workspace
-            # kernel on sm_80: 80 registers and 12 bytes of spills with it, 79 and none without).
+            # (Policy.run_time_grid): every block holds an iteration, so peer p is the p-th
+            # block of the tile's span. The workspace fix-up's peer record rests on this
+            # (transform.fixup_workspace, WorkspaceFixup._record_peers).
             first, _ = span(tile, p.iterations, p.panels, g, ops)
             return first + peer
         return region_peer_block(tile, peer, p.iterations, p.panels, g, ops)
