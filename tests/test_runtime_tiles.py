@@ -190,7 +190,7 @@ def test_segment_values_narrow_under_a_host_check():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_dlight_dynamic_kernel_resources(fixup, arch):
     # Measured: data-parallel 64 registers on both; Stream-K on a run-time count 64 (atomic) and
-    # 72 (workspace) on sm_80, 56 and 62 on sm_90; 96 for all four while the segments' tile and
+    # 72 (workspace) on sm_80, 56 and 56 on sm_90; 96 for all four while the segments' tile and
     # panels were int64 too.
     target, sms = (A100, 108) if arch == "sm_80" else (H100, 132)
     dp, block = _dlight_kernel(target=target)

@@ -407,9 +407,8 @@ class WorkspaceFixup(fixup.Fixup):
         """The peer count of ``tile`` and the slot of its peer ``p``, from the plan's closed
         forms (in the blocks' type)."""
         plan, panels = self.plan, self.site.panels
-        # The divisions truncate (_ir.truncating): by run-time values a floor division is a
-        # division, a modulo and a sign test (the grouped GEMM's workspace kernel on sm_80: 24
-        # bytes of spills, 12 with it).
+        # The divisions truncate (_ir.truncating; the Ops contract allows it): a floor division
+        # by a value TVM cannot sign is a division, a modulo and a sign test.
         peers = truncating(plan.tile_peers(tile, TIR_OPS, self.grid))
         peer = plan.peer_block(tile, p, TIR_OPS, self.grid)
         peer_lo, _ = plan.block_range(peer, 0, TIR_OPS, self.grid)
@@ -473,18 +472,16 @@ class WorkspaceFixup(fixup.Fixup):
         the data-parallel kernel's 80 for a ResNet-50 convolution's implicit GEMM on sm_80 (80
         rolled), 36 bytes of spills in a MetaSchedule split-K on sm_90 (none rolled), 112 against
         94 for dlight's WMMA split-K on sm_80 (100 rolled); ``tests/test_ptxas.py``. The walk
-        is the last arriver's alone, once per split tile. Two cases keep the unrolled form:
+        is the last arriver's alone, once per split tile. A write-back that reads another
+        register buffer than the accumulator keeps the unrolled form: indexed by a rolled loop,
+        that buffer would move to local memory.
 
-        * a run-time tile count: the closed forms then divide 64-bit values by run-time counts,
-          whose quotients nvcc keeps live across a rolled loop. With int32 segment values the
-          two forms measure alike (dlight's dynamic-M kernel: 72 registers either way on sm_80
-          and sm_90; the grouped GEMM's on sm_80: 79 unrolled, 80 rolled); before them, rolled
-          spilled (80 registers and 48 bytes of spills on sm_80, against 96 and none);
-        * a write-back that reads another register buffer than the accumulator: indexed by a
-          rolled loop, it would move to local memory.
+        A run-time tile count kept it too while its walk divided 64-bit values by run-time
+        counts (rolled, nvcc kept their quotients live: 80 registers and 48 bytes of spills for
+        dlight's dynamic-M kernel on sm_80, against 96 and none). With the peer record rolled
+        measures alike or leaner: 72 registers either way on sm_80, 56 against 62 on sm_90;
+        the grouped GEMM's 64 on sm_80 either way.
         """
-        if self.site.runtime_tiles:
-            return False
         registers = []
 
         def visit(load) -> None:
