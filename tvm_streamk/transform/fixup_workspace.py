@@ -272,25 +272,20 @@ class WorkspaceFixup(fixup.Fixup):
             # variable, whatever the loop's own type (int64 below a run-time extent), and an
             # int64 comparison of it is then ill-typed.
             leader = tirx.And(leader, cast_to("int32", loop.loop_var) == int_imm(0, "int32"))
+        record = [] if self.record is None else [whole(self.record)]
         arrive = opaque_block(
             "sk_arrive",
             arrive_body,
-            reads=[whole(self.arrivals)] + ([] if self.record is None else [whole(self.record)]),
-            writes=[whole(self.arrivals), whole(self.last)]
-            + ([] if self.record is None else [whole(self.record)]),
+            reads=[whole(self.arrivals), *record],
+            writes=[whole(self.arrivals), whole(self.last), *record],
             predicate=leader,
         )
         for loop in reversed(threads):
             arrive = with_body(loop, arrive)
 
-        if self.record is not None:
-            p = var("sk_peer", "int32")
-        else:
-            # The peer walk's closed forms multiply a tile by the grid and the iterations: they
-            # run in the blocks' type, the segment's tile (int32 where it fits) widened to it.
-            dtype = dtype_of(seg.block)
-            tile = cast_to(dtype, seg.tile)
-            p = var("sk_peer", dtype)
+        # The recorded walk counts in int32 (block indices); the closed forms multiply a tile by
+        # the grid and the iterations, in the blocks' type.
+        p = var("sk_peer", "int32" if self.record is not None else dtype_of(seg.block))
 
         def finish(realize: SBlockRealize) -> SBlockRealize:
             block = realize.block
@@ -298,7 +293,7 @@ class WorkspaceFixup(fixup.Fixup):
             if self.record is not None:
                 peers, slot = self._recorded_walk(seg, p)
             else:
-                peers, slot = self._closed_form_walk(tile, p)
+                peers, slot = self._closed_form_walk(seg, p)
             # The last arriver reads its own partial back too (from L2, just written) rather than
             # from its accumulator: keeping the accumulator live across the hand-off took dlight's
             # hybrid on sm_90 from 64 registers to 255 and 728 bytes of spills (ptxas -v).
@@ -403,10 +398,11 @@ class WorkspaceFixup(fixup.Fixup):
             ]
         )
 
-    def _closed_form_walk(self, tile, p):
-        """The peer count of ``tile`` and the slot of its peer ``p``, from the plan's closed
-        forms (in the blocks' type)."""
+    def _closed_form_walk(self, seg: Segment, p):
+        """The peer count of the segment's tile and the slot of its peer ``p``, from the plan's
+        closed forms, in the blocks' type (the tile, int32 where it fits, widened to it)."""
         plan, panels = self.plan, self.site.panels
+        tile = cast_to(dtype_of(seg.block), seg.tile)
         # The divisions truncate (_ir.truncating; the Ops contract allows it): a floor division
         # by a value TVM cannot sign is a division, a modulo and a sign test.
         peers = truncating(plan.tile_peers(tile, TIR_OPS, self.grid))
@@ -425,7 +421,7 @@ class WorkspaceFixup(fixup.Fixup):
         needs only these two numbers (:meth:`_recorded_walk`); both peers are partial (the tile
         is split) and record before they arrive.
         """
-        index = cast_to("int32", seg.tile) * 2
+        index = seg.tile * 2
         first_slot = cast_to("int32", self._slot(seg.block, seg.index == 0))
         return seq(
             [
@@ -443,8 +439,10 @@ class WorkspaceFixup(fixup.Fixup):
     def _read_record(self, seg: Segment, verdict) -> tirx.Stmt:
         """The last arriver's leader reads its tile's peer record (like the partials, after its
         arrival) into the shared verdict for the block; any other leader writes zeros."""
-        index = cast_to("int32", seg.tile) * 2
-        values = [self._load_shared(self.record, index), self._load_shared(self.record, index + 1)]
+        values = [
+            self._handed_off(tirx.BufferLoad(self.record, [seg.tile * 2 + i]), "int32")
+            for i in range(2)
+        ]
         zero = int_imm(0)
         return tirx.IfThenElse(
             verdict != 0,
@@ -501,18 +499,18 @@ class WorkspaceFixup(fixup.Fixup):
         load = tirx.BufferLoad(self.workspace, [slot, index])
         dtype = str(self.site.merged.dtype)
         if self.target.kind.name == "cuda":
-            return tirx.call_extern(dtype, "__ldcg", tirx.address_of(load))
+            return self._handed_off(load, dtype)
         if self.atomic_slots:
-            bits = tirx.call_extern("int32", "atomic_or", tirx.address_of(load), int_imm(0))
+            bits = self._handed_off(load, "int32")
             return bits if dtype == "int32" else tirx.call_pure_extern(dtype, "as_float", bits)
         return load
 
-    def _load_shared(self, buffer: tirx.Buffer, index) -> tirx.Expr:
-        """An int32 another block wrote before it arrived, read as the partials are: from L2
-        on CUDA, by an atomic on OpenCL."""
-        address = tirx.address_of(tirx.BufferLoad(buffer, [index]))
+    def _handed_off(self, load, dtype: str) -> tirx.Expr:
+        """``load`` of a value another block stored before it arrived (module docstring): from
+        L2 on CUDA (``__ldcg``), by an atomic on OpenCL (``atomic_or(p, 0)``, int32 only)."""
+        address = tirx.address_of(load)
         if self.target.kind.name == "cuda":
-            return tirx.call_extern("int32", "__ldcg", address)
+            return tirx.call_extern(dtype, "__ldcg", address)
         return tirx.call_extern("int32", "atomic_or", address, int_imm(0))
 
     def prologue(self) -> tirx.Stmt | None:

@@ -199,7 +199,7 @@ def rewrite(
     nests = [tile_space.group_offsets_kernel(site), fixup.prologue(), main]
     if device_grid is not None:
         nests = [
-            tile_count_check(site, plan, dtype_of(device_grid)),
+            tile_count_check(site, plan),
             _bind_runtime_grid(device_grid, plan, decision, seq(nests), target, site, whole_tiles),
         ]
     band_var = site.band[0].loop_var
