@@ -221,3 +221,48 @@ def test_workspace_hand_off_fences_only_in_the_leader(policy):
         assert {arrival - 1, arrival + 1} <= set(fences)
         assert "((int)threadIdx.x) == 0)" in lines[arrival - 2]
     assert _nvcc(source.inspect_source(), target, "cubin")
+
+
+def _closing(text: str, start: int, pair: str) -> int:
+    """The index just past the bracket that closes the one opened before ``start``."""
+    depth, end = 1, start
+    while depth:
+        depth += {pair[0]: 1, pair[1]: -1}.get(text[end], 0)
+        end += 1
+    return end
+
+
+@pytest.mark.parametrize(
+    "source, vector, lanes", [("dlight", "float2", 2), ("dlight_wmma", "half4", 4)]
+)
+def test_a_threads_lanes_of_a_slot_are_one_access(source, vector, lanes):
+    """dlight's write-backs store ``lanes`` consecutive elements per thread (a vectorised
+    loop): each thread stores them to its slot as one ``vector`` and the last arriver reads
+    them back as one 64-bit ``__ldcg`` word, the threads of a warp on consecutive vectors and
+    words. Before the lanes went innermost, a thread's lanes lay a block's width of threads
+    apart: one scalar store and one scalar ``__ldcg`` per element."""
+    from .test_ptxas import SMS, TARGETS, _schedule
+
+    sch, block = _schedule(source, "sm_90")
+    h100 = tvm.target.Target(TARGETS["sm_90"])
+    tvm_streamk.stream_k(
+        sch, block, num_sms=SMS["sm_90"], policy="split_k", splits=2, fixup="workspace", target=h100
+    )
+    text = tvm.compile(sch.mod, target=h100, tir_pipeline="tvm_streamk").mod.imports[0]
+    text = text.inspect_source()
+    assert "sk_workspace_ptr[" not in text, "a scalar access to the workspace is left"
+    store = f"*({vector}*)(sk_workspace_ptr + "
+    stores = [
+        text[m.end() : _closing(text, m.end(), "()") - 1]
+        for m in re.finditer(re.escape(store), text)
+    ]
+    word = "__ldcg((&(((int64_t*)sk_workspace_ptr)["
+    reads = [
+        text[m.end() : _closing(text, m.end(), "[]") - 1]
+        for m in re.finditer(re.escape(word), text)
+    ]
+    assert stores and reads, (len(stores), len(reads))
+    for index in stores:
+        assert f"(((int)threadIdx.x) * {lanes})" in index, index
+    for index in reads:
+        assert "+ ((int)threadIdx.x))" in index, index

@@ -18,8 +18,9 @@ replays the schedule's trace through JSON and requires the same IR. The forms:
   kernel through a one-element register buffer;
 - ``fragment_split``: dlight's WMMA schedule of a 128x128x128 fp16 GEMM for CUDA (one tile, two
   64-wide K panels, a ``wmma.accumulator`` fragment staged through shared memory), 2 splits: the
-  split in ``blockIdx.z``, one slot per block, one arrival counter, the last arriver sums both
-  slots in peer order through ``__ldcg``;
+  split in ``blockIdx.z``, one slot per block, one arrival counter, the write-back's four
+  vectorised lanes innermost in the slot; the last arriver sums both slots in peer order, each
+  thread's four lanes as one 64-bit ``__ldcg`` word, before the vectorised write-back;
 - ``implicit_gemm_conv``: the project's implicit-GEMM schedule of a 6x6x4 -> 8 3x3 convolution
   (NHWC, padding 1) with bias + ReLU: I = 36 in 3 tiles of 16, K = 36 in 5 panels of 8, 2
   blocks, the workspace fix-up; each panel of the input gathered into shared memory with the

@@ -248,3 +248,40 @@ def test_workspace_slots_are_coalesced():
     for index in accesses:
         assert index.endswith("+ ((int)threadIdx.x))"), index
         assert "(((int)threadIdx.y) * 8)" in index and "* 64)" in index, index
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_vector_lanes_are_summed_before_the_write_back(dtype):
+    """The last arriver sums a thread's lanes over the peers before the vectorised write-back
+    (``sk_lane_sum``): on OpenCL float32 lanes are read one atomic at a time, float16 lanes as
+    one vector. dlight's SIMT schedule stores two lanes per thread (float32 on an A100, the
+    float16x2 accumulators of H100's sm_90a)."""
+    from tvm.s_tir import Schedule
+
+    from tvm_streamk._compat import dlight
+
+    from .test_portability import H100, _dlight_matmul
+    from .test_schedule_sources import A100
+
+    M, K, N = (256, 512, 256) if dtype == "float32" else (96, 256, 128)
+    target = A100 if dtype == "float32" else H100
+    func = _dlight_matmul(M, K, N, dlight.gpu.Matmul(), target, dtype=dtype)
+    sch = Schedule(func.with_attr("global_symbol", "main"))
+    block = tvm_streamk.analysis.first_site(sch.mod["main"]).block.name_hint
+    plan = tvm_streamk.stream_k(sch, block, num_sms=5, fixup="workspace", target=OPENCL)
+    assert plan.split_tiles
+    lowered = tvm_streamk.lower(sch.mod, OPENCL)["main"].script()
+    assert 'T.sblock("sk_lane_sum")' in lowered
+    # float32 is the printer's default dtype.
+    declared = rf'sk_sum = T.sblock_alloc_buffer\(\(2,\),( "{dtype}",)? scope="local"\)'
+    assert re.search(declared, lowered), lowered
+    args = workloads.random_args(func)
+    out = pocl.run(sch.mod, *args, pipeline="tvm_streamk")[-1]
+    a, b = (x.astype(np.float64) for x in args[:2])
+    if dtype == "float32":
+        assert workloads.relative_error(out, a @ b) <= FP32_TOL
+    else:
+        # float16 accumulation, in K products and the peers' sums: at most K + 2 roundings of
+        # 2^-11 each (gamma_K), plus the output's own rounding.
+        bound = (K + 2) * 2.0**-11 * (np.abs(a) @ np.abs(b)) + 2.0**-11 * np.abs(a @ b)
+        assert np.isfinite(out).all() and (np.abs(out.astype(np.float64) - a @ b) <= bound).all()

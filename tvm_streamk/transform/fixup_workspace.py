@@ -18,9 +18,13 @@ from one thread on two unsynchronised streams can (the README's "Streams" paragr
 Slots: two per block (its first and last segment may be partial; the segments between are
 whole tiles), one per block for split-K; a grid read at run time gets the slots of the largest
 grid it launches. A slot holds the tile with the write-back's thread loops innermost, so a warp
-stores and reads consecutive words. The last arriver reads its own partial back like the
-others' (from L2, just written): keeping it in the accumulator across the hand-off costs far
-more registers (measured with ptxas).
+stores and reads consecutive words; where the write-back is vectorised (dlight's: two float32
+or four float16 lanes per thread), the lanes go inside the threads, so each thread stores its
+lanes as one vector and the last arriver sums them over the peers as vectors before the
+vectorised write-back (on CUDA one 64-bit ``__ldcg`` per peer instead of one scalar read per
+lane; :func:`_lane_loop`). The last arriver reads its own partial back like the others' (from
+L2, just written): keeping it in the accumulator across the hand-off costs far more registers
+(measured with ptxas).
 
 Peers. The last arriver sums the tile's peers in order; with a compile-time grid it finds them
 by the plan's closed forms. Under a grid read at run time those divide 64-bit values by run-time
@@ -75,6 +79,7 @@ from .._compat import (
     BufferLoadNode,
     SBlock,
     SBlockRealize,
+    arith,
     dtype_of,
     loaded_buffer,
     structural_equal,
@@ -82,6 +87,7 @@ from .._compat import (
     structural_walk,
 )
 from ..analysis import COND_WRITEBACK, StreamKSite, find_block_path
+from ..analysis.blocks import uses_var
 from ..errors import StreamKError
 from . import fixup
 from ._ir import (
@@ -162,9 +168,10 @@ class WorkspaceFixup(fixup.Fixup):
                     "The workspace holds one tile per slot: give the write-back constant loops.",
                 )
         self.elems = math.prod(int(loop.extent) for loop in self.loops)
+        dtype = str(site.merged.dtype)
+        self.lane = _lane_loop(path, dtype, target)
         self.acc_load = _accumulator_load(self.writeback, site.merged)
         self.active = grid is not None or bool(plan.split_tiles)
-        dtype = str(site.merged.dtype)
         # OpenCL 1.2 orders memory between work-groups only through atomics: 32-bit partials
         # travel as int32 bit patterns through atomic_xchg / atomic_or(.., 0).
         self.atomic_slots = target.kind.name == "opencl" and dtype in _OPENCL_ATOMIC_SLOT_DTYPES
@@ -193,7 +200,8 @@ class WorkspaceFixup(fixup.Fixup):
         self.last = tirx.decl_buffer((words,), "int32", name="sk_last", scope="shared")
         # ThreadSync refuses shared loads in branch conditions: branch on a register copy.
         self.is_last = tirx.decl_buffer((words,), "int32", name="sk_is_last", scope="local")
-        self.sum = tirx.decl_buffer((1,), str(site.merged.dtype), name="sk_sum", scope="local")
+        lanes = 1 if self.lane is None else int(self.lane.extent)
+        self.sum = tirx.decl_buffer((lanes,), dtype, name="sk_sum", scope="local")
 
     @property
     def buffers(self) -> tuple:
@@ -205,15 +213,23 @@ class WorkspaceFixup(fixup.Fixup):
     def _linear(self, loops) -> tirx.Expr:
         """This thread's element of its slot: the write-back's loops flattened with the thread
         loops innermost (``threadIdx.x`` last), so the threads of a warp store and read
-        consecutive words whatever order the write-back walks its elements in."""
+        consecutive words whatever order the write-back walks its elements in; a lane loop
+        (:func:`_lane_loop`) goes inside them, so each thread's lanes are one access."""
         threads = sorted(
             (lp for lp in loops if _tag(lp).startswith("threadIdx")), key=_tag, reverse=True
         )
-        ordered = [lp for lp in loops if not _tag(lp).startswith("threadIdx")] + threads
+        lane = [lp for lp in loops if self._is_lane(lp)]
+        others = [
+            lp for lp in loops if not _tag(lp).startswith("threadIdx") and not self._is_lane(lp)
+        ]
+        ordered = others + threads + lane
         index = int_imm(0, str(loops[0].loop_var.ty)) if loops else int_imm(0)
         for loop in ordered:
             index = index * int(loop.extent) + loop.loop_var
         return index
+
+    def _is_lane(self, loop: tirx.For) -> bool:
+        return self.lane is not None and loop.loop_var.same_as(self.lane.loop_var)
 
     def _slot(self, block, first_segment) -> tirx.Expr:
         if self.plan.slots_per_block == 1:
@@ -287,6 +303,11 @@ class WorkspaceFixup(fixup.Fixup):
         # the grid and the iterations, in the blocks' type.
         p = var("sk_peer", "int32" if self.record is not None else dtype_of(seg.block))
 
+        # With a lane loop the peers' sums are taken outside it, a vector per thread (one block
+        # per write-back nest, placed before the lane loop by element_loop below), and the
+        # write-back's guard (lane-free, _lane_loop) moves out to hold both: evaluated once.
+        lane_sums, lane_guards = [], []
+
         def finish(realize: SBlockRealize) -> SBlockRealize:
             block = realize.block
             merged = loaded_buffer(self.acc_load)
@@ -294,20 +315,18 @@ class WorkspaceFixup(fixup.Fixup):
                 peers, slot = self._recorded_walk(seg, p)
             else:
                 peers, slot = self._closed_form_walk(seg, p)
+            zero = [int_imm(0)]
+            is_last = tirx.BufferLoad(self.is_last, zero) != 0
             # The last arriver reads its own partial back too (from L2, just written) rather than
             # from its accumulator: keeping the accumulator live across the hand-off took dlight's
-            # hybrid on sm_90 from 64 registers to 255 and 728 bytes of spills (ptxas -v).
-            partial = self._load_partial(slot, self._linear(self.loops))
-            zero = [int_imm(0)]
-            total = tirx.BufferLoad(self.sum, zero)
-
-            # The write-back reads the sum from a register instead of the merged buffer: writing
-            # the sum back to a shared staging buffer would need barriers inside this branch.
-            def from_sum(load):
-                return total if loaded_buffer(load).same_as(merged) else load
-
-            body = seq(
-                [
+            # hybrid on sm_90 from 64 registers to 255 and 728 bytes of spills (ptxas -v); taking
+            # its own peer's term from the accumulator (a select in the peer walk) took dlight's
+            # Stream-K on sm_80 from 56 to 80 registers rolled, 72 and 24 bytes of spills
+            # unrolled.
+            if self.lane is None:
+                partial = self._load_partial(slot, self._linear(self.loops))
+                total = tirx.BufferLoad(self.sum, zero)
+                summed = [
                     tirx.BufferStore(self.sum, tirx.const(0, str(merged.dtype)), zero),
                     tirx.For(
                         p,
@@ -316,34 +335,57 @@ class WorkspaceFixup(fixup.Fixup):
                         tirx.ForKind.SERIAL,
                         tirx.BufferStore(self.sum, total + partial, zero),
                     ),
-                    structural_map(block.body, (BufferLoadNode, from_sum)),
                 ]
-            )
+                # The last-arriver test sits in the block predicate, not in an enclosing branch,
+                # so ThreadSync may still place barriers between the nests (never in a branch).
+                predicate = tirx.And(realize.predicate, is_last)
+            else:
+                total = tirx.BufferLoad(self.sum, [self.lane.loop_var])
+                summed = []
+                lane_sums.append(
+                    opaque_block(
+                        "sk_lane_sum",
+                        self._sum_lanes(peers, slot, p),
+                        reads=[whole(self.workspace), whole(self.is_last)],
+                        writes=[whole(self.sum)],
+                    )
+                )
+                # The test and the write-back's lane-free guard hold the lane sum and the lane
+                # loop (element_loop): no barrier is ever placed inside either.
+                guard = _without_lane(realize.predicate, self.lane)
+                always = isinstance(guard, tirx.IntImm) and bool(int(guard))
+                lane_guards.append(is_last if always else tirx.And(is_last, guard))
+                predicate = tirx.const(True)
+
+            # The write-back reads the sum from a register instead of the merged buffer: writing
+            # the sum back to a shared staging buffer would need barriers inside this branch.
+            def from_sum(load):
+                return total if loaded_buffer(load).same_as(merged) else load
+
+            body = seq([*summed, structural_map(block.body, (BufferLoadNode, from_sum))])
             new_block = replace_block(
                 block,
                 name_hint=block.name_hint + "_sk_fixup",
                 body=body,
                 reads=[
                     *[r for r in block.reads if not loaded_buffer(r).same_as(merged)],
-                    whole(self.workspace),
+                    *([] if summed == [] else [whole(self.workspace)]),
                     whole(self.is_last),
                     whole(self.sum),
                 ],
-                writes=[*block.writes, whole(self.sum)],
+                writes=[*block.writes, *([] if summed == [] else [whole(self.sum)])],
                 annotations={},
             )
-            # The last-arriver test sits in the block predicate, not in an enclosing branch, so
-            # ThreadSync may still place barriers between the nests (never inside a branch).
-            is_last = tirx.BufferLoad(self.is_last, zero) != 0
-            return SBlockRealize(
-                realize.iter_values, tirx.And(realize.predicate, is_last), new_block
-            )
+            return SBlockRealize(realize.iter_values, predicate, new_block)
 
         roll = self._rolled_writeback()
 
         def element_loop(loop: tirx.For):
             # One element at a time (the peer loop inside cannot be vectorised), in a rolled
             # loop where that is leaner (_rolled_writeback). The peer loop is nvcc's to unroll.
+            # A lane loop stays vectorised, after the peers' sum of its lanes.
+            if self._is_lane(loop):
+                return tirx.IfThenElse(lane_guards.pop(), seq([lane_sums.pop(), loop]), None)
             if loop.thread_binding is not None or loop.loop_var.same_as(p):
                 return loop
             if roll:
@@ -478,8 +520,12 @@ class WorkspaceFixup(fixup.Fixup):
         counts (rolled, nvcc kept their quotients live: 80 registers and 48 bytes of spills for
         dlight's dynamic-M kernel on sm_80, against 96 and none). With the peer record rolled
         measures alike or leaner: 72 registers either way on sm_80, 56 against 62 on sm_90;
-        the grouped GEMM's 64 on sm_80 either way.
+        the grouped GEMM's 64 on sm_80 either way. With a lane loop (:func:`_lane_loop`) a
+        run-time tile count keeps the unrolled form: rolled, the same kernel on sm_80 took 64
+        registers and 28 bytes of spills, unrolled 72 and none (56 either way on sm_90).
         """
+        if self.lane is not None and self.site.runtime_tiles:
+            return False
         registers = []
 
         def visit(load) -> None:
@@ -489,6 +535,66 @@ class WorkspaceFixup(fixup.Fixup):
 
         structural_walk(self.writeback.body, (BufferLoadNode, visit))
         return not registers
+
+    def _sum_lanes(self, peers, slot, p) -> tirx.Stmt:
+        """The sum over the tile's peers of this thread's lanes (:func:`_lane_loop`) in
+        ``sk_sum``. CUDA reads each peer's lanes from L2 as 32- or 64-bit words (``__ldcg``)
+        and adds them as vectors; OpenCL reads them as the partials are read
+        (:meth:`_load_partial`): one lane at a time through atomics, or one vector load."""
+        dtype = str(self.site.merged.dtype)
+        lanes = int(self.lane.extent)
+        # The slot's elements with the lanes innermost (_linear): this thread's lanes start at
+        # its other loops' index times the lane count.
+        rest = self._linear([lp for lp in self.loops if not self._is_lane(lp)])
+        start = rest * lanes
+        decls = []
+        if self.target.kind.name == "cuda":
+            bits = tvm.DataType(dtype).bits
+            word_bits = 32 if lanes * bits == 32 else 64
+            per_word = word_bits // bits
+            # The slots as words: this thread's lanes are a whole number of them (_lane_loop).
+            view = tirx.decl_buffer(
+                (self.workspace.shape[0], self.elems // per_word),
+                f"int{word_bits}",
+                name="sk_workspace_words",
+                data=self.workspace.data,
+            )
+            decls.append(tirx.DeclBuffer(view, data=self.workspace.data))
+            parts = [
+                (
+                    w * per_word,
+                    per_word,
+                    tirx.reinterpret(
+                        dtype if per_word == 1 else f"{dtype}x{per_word}",
+                        self._handed_off(
+                            tirx.BufferLoad(view, [slot, rest * (lanes // per_word) + w]),
+                            view.dtype,
+                        ),
+                    ),
+                )
+                for w in range(lanes // per_word)
+            ]
+        elif self.atomic_slots:
+            parts = [(i, 1, self._load_partial(slot, start + i)) for i in range(lanes)]
+        else:
+            parts = [
+                (0, lanes, tirx.BufferLoad(self.workspace, [slot, tirx.Ramp(start, 1, lanes)]))
+            ]
+
+        def at(start: int, count: int) -> list:
+            return [tirx.Ramp(int_imm(start), 1, count) if count > 1 else int_imm(start)]
+
+        zero = tirx.const(0, dtype)
+        init = [
+            tirx.BufferStore(self.sum, tirx.Broadcast(zero, n) if n > 1 else zero, at(i, n))
+            for i, n, _ in parts
+        ]
+        adds = [
+            tirx.BufferStore(self.sum, tirx.BufferLoad(self.sum, at(i, n)) + value, at(i, n))
+            for i, n, value in parts
+        ]
+        walk = tirx.For(p, int_imm(0, str(p.ty)), peers, tirx.ForKind.SERIAL, seq(adds))
+        return seq([*decls, *init, walk])
 
     def _store_partial(self, slot, index, value) -> tirx.Stmt:
         if self.atomic_slots and dtype_of(value) != "int32":
@@ -533,6 +639,42 @@ class WorkspaceFixup(fixup.Fixup):
         if isinstance(tiles, int):
             return bound_loop(b, int_imm((tiles + threads - 1) // threads, dtype), thread)
         return bound_loop(b, tirx.floordiv(tiles + (threads - 1), threads), thread)
+
+
+def _lane_loop(path: list, dtype: str, target) -> tirx.For | None:
+    """The write-back's innermost loop when it is vectorised and each thread can store and read
+    its lanes of a slot as one access; None otherwise (the Slots paragraph of the module
+    docstring).
+
+    The loop directly holds the write-back block and its guard does not depend on the lane:
+    the last arriver reads all of a thread's lanes, so the writer must have stored them all. On
+    CUDA the lanes are read as 32- or 64-bit words (TVM 0.27's CUDA codegen splits an extern
+    call returning a vector into one call per lane, all on one address), so they must span 4
+    bytes or a multiple of 8.
+    """
+    if len(path) < 2 or not isinstance(path[-2], tirx.For):
+        return None
+    loop, realize = path[-2], path[-1]
+    if int(loop.kind) != int(tirx.ForKind.VECTORIZED) or not isinstance(loop.min, tirx.IntImm):
+        return None
+    if int(loop.min) != 0:
+        return None
+    if _without_lane(realize.predicate, loop) is None:
+        return None
+    nbytes = int(loop.extent) * tvm.DataType(dtype).bits // 8
+    if target.kind.name == "cuda" and nbytes != 4 and nbytes % 8:
+        return None
+    return loop
+
+
+def _without_lane(expr, lane: tirx.For):
+    """``expr`` written without the lane loop's variable, or None where it depends on the
+    lane. A guard may name the lane and not depend on it: ``(4 x + lane) // 32`` for lanes
+    below 4."""
+    analyzer = arith.Analyzer()
+    analyzer.bind(lane.loop_var, tvm.ir.Range.from_min_extent(lane.min, lane.extent))
+    simplified = analyzer.simplify(expr)
+    return None if uses_var(simplified, lane.loop_var) else simplified
 
 
 def _tag(loop: tirx.For) -> str:
