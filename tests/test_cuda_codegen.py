@@ -266,3 +266,28 @@ def test_a_threads_lanes_of_a_slot_are_one_access(source, vector, lanes):
         assert f"(((int)threadIdx.x) * {lanes})" in index, index
     for index in reads:
         assert "+ ((int)threadIdx.x))" in index, index
+
+
+def test_lanes_wider_than_a_word_keep_the_scalar_layout():
+    """A float4 write-back (the reference schedule with its inner write-back loop vectorised):
+    no single ``__ldcg`` reads 16 bytes, and two 8-byte reads on a thread's 16-byte stride would
+    move twice the sectors of the scalar layout, so the slots keep ``threadIdx.x`` innermost and
+    every workspace access is a scalar one."""
+    func = workloads.gemm(128, 128, 64)
+    sch = workloads.reference_schedule(func)
+    write_back = sch.get_sblock("C_local")
+    sch.vectorize(sch.get_loops(write_back)[-1])
+    h100 = tvm.target.Target("nvidia/nvidia-h100")
+    plan = tvm_streamk.stream_k(sch, "C_update", num_sms=5, fixup="workspace", target=h100)
+    assert plan.split_tiles
+    text = tvm.compile(sch.mod, target=h100, tir_pipeline="tvm_streamk").mod.imports[0]
+    text = text.inspect_source()
+    assert "*(float4*)(C_ptr + " in text, "the case must have a float4 write-back"
+    assert "sk_workspace_ptr + " not in text and "int64_t*)sk_workspace_ptr" not in text
+    reads = [
+        text[m.end() : _closing(text, m.end(), "[]") - 1]
+        for m in re.finditer(re.escape("__ldcg((&(sk_workspace_ptr["), text)
+    ]
+    assert reads
+    for index in reads:
+        assert index.endswith("+ ((int)threadIdx.x))"), index

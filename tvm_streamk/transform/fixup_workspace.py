@@ -18,13 +18,13 @@ from one thread on two unsynchronised streams can (the README's "Streams" paragr
 Slots: two per block (its first and last segment may be partial; the segments between are
 whole tiles), one per block for split-K; a grid read at run time gets the slots of the largest
 grid it launches. A slot holds the tile with the write-back's thread loops innermost, so a warp
-stores and reads consecutive words; where the write-back is vectorised (dlight's: two float32
-or four float16 lanes per thread), the lanes go inside the threads, so each thread stores its
-lanes as one vector and the last arriver sums them over the peers as vectors before the
-vectorised write-back (on CUDA one 64-bit ``__ldcg`` per peer instead of one scalar read per
-lane; :func:`_lane_loop`). The last arriver reads its own partial back like the others' (from
-L2, just written): keeping it in the accumulator across the hand-off costs far more registers
-(measured with ptxas).
+stores and reads consecutive words. Where the write-back is vectorised (dlight's: two float32
+or four float16 lanes per thread) and a thread's lanes make one access, the lanes go inside
+the threads: each thread stores its lanes as one vector and the last arriver sums them over
+the peers as vectors before the vectorised write-back (on CUDA one 64-bit ``__ldcg`` per peer
+instead of one scalar read per lane; :func:`_lane_loop`). The last arriver reads its own
+partial back like the others' (from L2, just written): keeping it in the accumulator across
+the hand-off costs far more registers (measured with ptxas).
 
 Peers. The last arriver sums the tile's peers in order; with a compile-time grid it finds them
 by the plan's closed forms. Under a grid read at run time those divide 64-bit values by run-time
@@ -169,12 +169,12 @@ class WorkspaceFixup(fixup.Fixup):
                 )
         self.elems = math.prod(int(loop.extent) for loop in self.loops)
         dtype = str(site.merged.dtype)
-        self.lane = _lane_loop(path, dtype, target)
-        self.acc_load = _accumulator_load(self.writeback, site.merged)
-        self.active = grid is not None or bool(plan.split_tiles)
         # OpenCL 1.2 orders memory between work-groups only through atomics: 32-bit partials
         # travel as int32 bit patterns through atomic_xchg / atomic_or(.., 0).
         self.atomic_slots = target.kind.name == "opencl" and dtype in _OPENCL_ATOMIC_SLOT_DTYPES
+        self.lane = _lane_loop(path, dtype, target, self.atomic_slots)
+        self.acc_load = _accumulator_load(self.writeback, site.merged)
+        self.active = grid is not None or bool(plan.split_tiles)
         # A run-time grid gets slots for the largest grid it can launch.
         blocks = plan.grid if grid is None else plan.runtime_grid_bound()
         self.workspace = tirx.decl_buffer(
@@ -346,7 +346,7 @@ class WorkspaceFixup(fixup.Fixup):
                     opaque_block(
                         "sk_lane_sum",
                         self._sum_lanes(peers, slot, p),
-                        reads=[whole(self.workspace), whole(self.is_last)],
+                        reads=[whole(self.workspace)],
                         writes=[whole(self.sum)],
                     )
                 )
@@ -369,11 +369,11 @@ class WorkspaceFixup(fixup.Fixup):
                 body=body,
                 reads=[
                     *[r for r in block.reads if not loaded_buffer(r).same_as(merged)],
-                    *([] if summed == [] else [whole(self.workspace)]),
+                    *([whole(self.workspace)] if self.lane is None else []),
                     whole(self.is_last),
                     whole(self.sum),
                 ],
-                writes=[*block.writes, *([] if summed == [] else [whole(self.sum)])],
+                writes=[*block.writes, *([whole(self.sum)] if self.lane is None else [])],
                 annotations={},
             )
             return SBlockRealize(realize.iter_values, predicate, new_block)
@@ -538,63 +538,32 @@ class WorkspaceFixup(fixup.Fixup):
 
     def _sum_lanes(self, peers, slot, p) -> tirx.Stmt:
         """The sum over the tile's peers of this thread's lanes (:func:`_lane_loop`) in
-        ``sk_sum``. CUDA reads each peer's lanes from L2 as 32- or 64-bit words (``__ldcg``)
-        and adds them as vectors; OpenCL reads them as the partials are read
-        (:meth:`_load_partial`): one lane at a time through atomics, or one vector load."""
+        ``sk_sum``, each peer's lanes read as one access and added as a vector: on CUDA one
+        32- or 64-bit word from L2 (``__ldcg``, reinterpreted), on OpenCL one vector load."""
         dtype = str(self.site.merged.dtype)
         lanes = int(self.lane.extent)
         # The slot's elements with the lanes innermost (_linear): this thread's lanes start at
         # its other loops' index times the lane count.
         rest = self._linear([lp for lp in self.loops if not self._is_lane(lp)])
-        start = rest * lanes
+        everything = [tirx.Ramp(int_imm(0), 1, lanes)]
         decls = []
         if self.target.kind.name == "cuda":
-            bits = tvm.DataType(dtype).bits
-            word_bits = 32 if lanes * bits == 32 else 64
-            per_word = word_bits // bits
-            # The slots as words: this thread's lanes are a whole number of them (_lane_loop).
+            # The slots as words of a thread's lanes.
             view = tirx.decl_buffer(
-                (self.workspace.shape[0], self.elems // per_word),
-                f"int{word_bits}",
+                (self.workspace.shape[0], self.elems // lanes),
+                f"int{lanes * tvm.DataType(dtype).bits}",
                 name="sk_workspace_words",
                 data=self.workspace.data,
             )
             decls.append(tirx.DeclBuffer(view, data=self.workspace.data))
-            parts = [
-                (
-                    w * per_word,
-                    per_word,
-                    tirx.reinterpret(
-                        dtype if per_word == 1 else f"{dtype}x{per_word}",
-                        self._handed_off(
-                            tirx.BufferLoad(view, [slot, rest * (lanes // per_word) + w]),
-                            view.dtype,
-                        ),
-                    ),
-                )
-                for w in range(lanes // per_word)
-            ]
-        elif self.atomic_slots:
-            parts = [(i, 1, self._load_partial(slot, start + i)) for i in range(lanes)]
+            word = self._handed_off(tirx.BufferLoad(view, [slot, rest]), view.dtype)
+            value = tirx.reinterpret(f"{dtype}x{lanes}", word)
         else:
-            parts = [
-                (0, lanes, tirx.BufferLoad(self.workspace, [slot, tirx.Ramp(start, 1, lanes)]))
-            ]
-
-        def at(start: int, count: int) -> list:
-            return [tirx.Ramp(int_imm(start), 1, count) if count > 1 else int_imm(start)]
-
-        zero = tirx.const(0, dtype)
-        init = [
-            tirx.BufferStore(self.sum, tirx.Broadcast(zero, n) if n > 1 else zero, at(i, n))
-            for i, n, _ in parts
-        ]
-        adds = [
-            tirx.BufferStore(self.sum, tirx.BufferLoad(self.sum, at(i, n)) + value, at(i, n))
-            for i, n, value in parts
-        ]
-        walk = tirx.For(p, int_imm(0, str(p.ty)), peers, tirx.ForKind.SERIAL, seq(adds))
-        return seq([*decls, *init, walk])
+            value = tirx.BufferLoad(self.workspace, [slot, tirx.Ramp(rest * lanes, 1, lanes)])
+        zero = tirx.Broadcast(tirx.const(0, dtype), lanes)
+        add = tirx.BufferStore(self.sum, tirx.BufferLoad(self.sum, everything) + value, everything)
+        walk = tirx.For(p, int_imm(0, str(p.ty)), peers, tirx.ForKind.SERIAL, add)
+        return seq([*decls, tirx.BufferStore(self.sum, zero, everything), walk])
 
     def _store_partial(self, slot, index, value) -> tirx.Stmt:
         if self.atomic_slots and dtype_of(value) != "int32":
@@ -641,28 +610,34 @@ class WorkspaceFixup(fixup.Fixup):
         return bound_loop(b, tirx.floordiv(tiles + (threads - 1), threads), thread)
 
 
-def _lane_loop(path: list, dtype: str, target) -> tirx.For | None:
+def _lane_loop(path: list, dtype: str, target, atomic_slots: bool) -> tirx.For | None:
     """The write-back's innermost loop when it is vectorised and each thread can store and read
     its lanes of a slot as one access; None otherwise (the Slots paragraph of the module
     docstring).
 
     The loop directly holds the write-back block and its guard does not depend on the lane:
-    the last arriver reads all of a thread's lanes, so the writer must have stored them all. On
-    CUDA the lanes are read as 32- or 64-bit words (TVM 0.27's CUDA codegen splits an extern
-    call returning a vector into one call per lane, all on one address), so they must span 4
-    bytes or a multiple of 8.
+    the last arriver reads all of a thread's lanes, so the writer must have stored them all.
+    The lanes must make one access each way; otherwise the threads-innermost scalar layout
+    moves fewer memory sectors (a warp's scalar read of one float32 lane covers 128 consecutive
+    bytes; two 8-byte reads per thread on a 16-byte stride each cover 512 bytes for 256 used).
+    So on CUDA the lanes span one 32- or 64-bit word, read by one ``__ldcg``: TVM 0.27's CUDA
+    codegen splits an extern call returning a vector into one call per lane, all on one
+    address, so no wider word can be read. OpenCL partials read through 32-bit atomics (one
+    per lane) keep the scalar layout.
     """
     if len(path) < 2 or not isinstance(path[-2], tirx.For):
         return None
     loop, realize = path[-2], path[-1]
     if int(loop.kind) != int(tirx.ForKind.VECTORIZED) or not isinstance(loop.min, tirx.IntImm):
         return None
-    if int(loop.min) != 0:
+    if int(loop.min) != 0 or int(loop.extent) < 2:
         return None
     if _without_lane(realize.predicate, loop) is None:
         return None
+    if atomic_slots:
+        return None
     nbytes = int(loop.extent) * tvm.DataType(dtype).bits // 8
-    if target.kind.name == "cuda" and nbytes != 4 and nbytes % 8:
+    if target.kind.name == "cuda" and nbytes not in (4, 8):
         return None
     return loop
 
