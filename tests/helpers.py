@@ -1,5 +1,7 @@
 """Small IR inspections shared by the tests."""
 
+import re
+
 import tvm
 import tvm_ffi
 
@@ -14,6 +16,20 @@ def block_idx_extents(mod: tvm.IRModule, func: str = "main") -> list[tuple[str, 
             found.append((binding.thread_tag, int(loop.extent)))
 
     tvm_ffi.structural_walk(mod[func].body, (tvm.tirx.For, on_for))
+    return found
+
+
+def bracketed(text: str, opening: str) -> list[str]:
+    """What follows each occurrence of ``opening`` in ``text`` up to the bracket that closes
+    the last ``(`` or ``[`` opened in ``opening``."""
+    pair = "()" if opening.rfind("(") > opening.rfind("[") else "[]"
+    found = []
+    for start in (m.end() for m in re.finditer(re.escape(opening), text)):
+        depth, end = 1, start
+        while depth:
+            depth += {pair[0]: 1, pair[1]: -1}.get(text[end], 0)
+            end += 1
+        found.append(text[start : end - 1])
     return found
 
 

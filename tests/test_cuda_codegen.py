@@ -18,6 +18,8 @@ from tvm_streamk import workloads
 from tvm_streamk.errors import StreamKError
 from tvm_streamk.gpus import SM_COUNT_BY_TAG
 
+from .helpers import bracketed
+
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
 TAGS = ("nvidia/nvidia-h100", "nvidia/nvidia-a100")
@@ -223,15 +225,6 @@ def test_workspace_hand_off_fences_only_in_the_leader(policy):
     assert _nvcc(source.inspect_source(), target, "cubin")
 
 
-def _closing(text: str, start: int, pair: str) -> int:
-    """The index just past the bracket that closes the one opened before ``start``."""
-    depth, end = 1, start
-    while depth:
-        depth += {pair[0]: 1, pair[1]: -1}.get(text[end], 0)
-        end += 1
-    return end
-
-
 @pytest.mark.parametrize(
     "source, vector, lanes", [("dlight", "float2", 2), ("dlight_wmma", "half4", 4)]
 )
@@ -251,16 +244,8 @@ def test_a_threads_lanes_of_a_slot_are_one_access(source, vector, lanes):
     text = tvm.compile(sch.mod, target=h100, tir_pipeline="tvm_streamk").mod.imports[0]
     text = text.inspect_source()
     assert "sk_workspace_ptr[" not in text, "a scalar access to the workspace is left"
-    store = f"*({vector}*)(sk_workspace_ptr + "
-    stores = [
-        text[m.end() : _closing(text, m.end(), "()") - 1]
-        for m in re.finditer(re.escape(store), text)
-    ]
-    word = "__ldcg((&(((int64_t*)sk_workspace_ptr)["
-    reads = [
-        text[m.end() : _closing(text, m.end(), "[]") - 1]
-        for m in re.finditer(re.escape(word), text)
-    ]
+    stores = bracketed(text, f"*({vector}*)(sk_workspace_ptr + ")
+    reads = bracketed(text, "__ldcg((&(((int64_t*)sk_workspace_ptr)[")
     assert stores and reads, (len(stores), len(reads))
     for index in stores:
         assert f"(((int)threadIdx.x) * {lanes})" in index, index
@@ -284,10 +269,7 @@ def test_lanes_wider_than_a_word_keep_the_scalar_layout():
     text = text.inspect_source()
     assert "*(float4*)(C_ptr + " in text, "the case must have a float4 write-back"
     assert "sk_workspace_ptr + " not in text and "int64_t*)sk_workspace_ptr" not in text
-    reads = [
-        text[m.end() : _closing(text, m.end(), "[]") - 1]
-        for m in re.finditer(re.escape("__ldcg((&(sk_workspace_ptr["), text)
-    ]
+    reads = bracketed(text, "__ldcg((&(sk_workspace_ptr[")
     assert reads
     for index in reads:
         assert index.endswith("+ ((int)threadIdx.x))"), index

@@ -16,6 +16,7 @@ import tvm_streamk
 from tvm_streamk import pocl, workloads
 from tvm_streamk._compat import split_host_device_mods
 
+from .helpers import bracketed
 from .test_stream_k_numeric import CASES, FP32_TOL
 
 pytestmark = pytest.mark.usefixtures("opencl")
@@ -237,13 +238,7 @@ def test_workspace_slots_are_coalesced():
     tvm_streamk.stream_k(sch, "C_update", num_sms=132, fixup="workspace", target=h100)
     source = tvm.compile(sch.mod, target=h100, tir_pipeline="tvm_streamk").mod.imports[0]
     text = source.inspect_source()
-    accesses = []
-    for start in (m.end() for m in re.finditer(r"sk_workspace_ptr\[", text)):
-        depth, end = 1, start
-        while depth:
-            depth += {"[": 1, "]": -1}.get(text[end], 0)
-            end += 1
-        accesses.append(text[start : end - 1])
+    accesses = bracketed(text, "sk_workspace_ptr[")
     assert len(accesses) == 2, accesses  # the partial's store and the last arriver's read
     for index in accesses:
         assert index.endswith("+ ((int)threadIdx.x))"), index

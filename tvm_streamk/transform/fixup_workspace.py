@@ -172,7 +172,8 @@ class WorkspaceFixup(fixup.Fixup):
         # OpenCL 1.2 orders memory between work-groups only through atomics: 32-bit partials
         # travel as int32 bit patterns through atomic_xchg / atomic_or(.., 0).
         self.atomic_slots = target.kind.name == "opencl" and dtype in _OPENCL_ATOMIC_SLOT_DTYPES
-        self.lane = _lane_loop(path, dtype, target, self.atomic_slots)
+        # With a lane loop, the write-back's guard without the lane (None: no lane loop).
+        self.lane, self.lane_guard = _lane_loop(path, dtype, target, self.atomic_slots)
         self.acc_load = _accumulator_load(self.writeback, site.merged)
         self.active = grid is not None or bool(plan.split_tiles)
         # A run-time grid gets slots for the largest grid it can launch.
@@ -304,9 +305,8 @@ class WorkspaceFixup(fixup.Fixup):
         p = var("sk_peer", "int32" if self.record is not None else dtype_of(seg.block))
 
         # With a lane loop the peers' sums are taken outside it, a vector per thread (one block
-        # per write-back nest, placed before the lane loop by element_loop below), and the
-        # write-back's guard (lane-free, _lane_loop) moves out to hold both: evaluated once.
-        lane_sums, lane_guards = [], []
+        # per write-back nest, placed before the lane loop by element_loop below).
+        lane_sums = []
 
         def finish(realize: SBlockRealize) -> SBlockRealize:
             block = realize.block
@@ -351,10 +351,7 @@ class WorkspaceFixup(fixup.Fixup):
                     )
                 )
                 # The test and the write-back's lane-free guard hold the lane sum and the lane
-                # loop (element_loop): no barrier is ever placed inside either.
-                guard = _without_lane(realize.predicate, self.lane)
-                always = isinstance(guard, tirx.IntImm) and bool(int(guard))
-                lane_guards.append(is_last if always else tirx.And(is_last, guard))
+                # loop (element_loop), evaluated once: no barrier is ever placed inside either.
                 predicate = tirx.const(True)
 
             # The write-back reads the sum from a register instead of the merged buffer: writing
@@ -385,7 +382,11 @@ class WorkspaceFixup(fixup.Fixup):
             # loop where that is leaner (_rolled_writeback). The peer loop is nvcc's to unroll.
             # A lane loop stays vectorised, after the peers' sum of its lanes.
             if self._is_lane(loop):
-                return tirx.IfThenElse(lane_guards.pop(), seq([lane_sums.pop(), loop]), None)
+                is_last = tirx.BufferLoad(self.is_last, [int_imm(0)]) != 0
+                guard = self.lane_guard
+                always = isinstance(guard, tirx.IntImm) and bool(int(guard))
+                test = is_last if always else tirx.And(is_last, guard)
+                return tirx.IfThenElse(test, seq([lane_sums.pop(), loop]), None)
             if loop.thread_binding is not None or loop.loop_var.same_as(p):
                 return loop
             if roll:
@@ -610,10 +611,10 @@ class WorkspaceFixup(fixup.Fixup):
         return bound_loop(b, tirx.floordiv(tiles + (threads - 1), threads), thread)
 
 
-def _lane_loop(path: list, dtype: str, target, atomic_slots: bool) -> tirx.For | None:
+def _lane_loop(path: list, dtype: str, target, atomic_slots: bool):
     """The write-back's innermost loop when it is vectorised and each thread can store and read
-    its lanes of a slot as one access; None otherwise (the Slots paragraph of the module
-    docstring).
+    its lanes of a slot as one access, with the write-back's guard written without the lane;
+    ``(None, None)`` otherwise (the Slots paragraph of the module docstring).
 
     The loop directly holds the write-back block and its guard does not depend on the lane:
     the last arriver reads all of a thread's lanes, so the writer must have stored them all.
@@ -625,21 +626,19 @@ def _lane_loop(path: list, dtype: str, target, atomic_slots: bool) -> tirx.For |
     address, so no wider word can be read. OpenCL partials read through 32-bit atomics (one
     per lane) keep the scalar layout.
     """
-    if len(path) < 2 or not isinstance(path[-2], tirx.For):
-        return None
+    none = (None, None)
+    if atomic_slots or len(path) < 2 or not isinstance(path[-2], tirx.For):
+        return none
     loop, realize = path[-2], path[-1]
     if int(loop.kind) != int(tirx.ForKind.VECTORIZED) or not isinstance(loop.min, tirx.IntImm):
-        return None
+        return none
     if int(loop.min) != 0 or int(loop.extent) < 2:
-        return None
-    if _without_lane(realize.predicate, loop) is None:
-        return None
-    if atomic_slots:
-        return None
+        return none
     nbytes = int(loop.extent) * tvm.DataType(dtype).bits // 8
     if target.kind.name == "cuda" and nbytes not in (4, 8):
-        return None
-    return loop
+        return none
+    guard = _without_lane(realize.predicate, loop)
+    return none if guard is None else (loop, guard)
 
 
 def _without_lane(expr, lane: tirx.For):
