@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ import tvm
 
 import tvm_streamk
 from tvm_streamk import annotations as ann
-from tvm_streamk import cost_model, decomposition, resources, workloads
+from tvm_streamk import cost_model, decomposition, occupancy, ptxas, resources, workloads
 from tvm_streamk._compat import Schedule, dlight, dlight_cuda_target
 from tvm_streamk.analysis import first_site
 from tvm_streamk.transform.lower_stream_k import plan_for
@@ -133,16 +134,45 @@ def schedule(source: str, m: int, n: int, k: int, target) -> Schedule:
     return Schedule(_dlight_matmul(m, n, k, dtype, target))
 
 
-def cubin(source: str, arch: str) -> bytes:
-    """ptxas's cubin of CUDA ``source`` for ``arch`` (``nvcc --cubin -O3``, as TVM's nvcc path)."""
+def cubin(source: str, arch: str) -> tuple[bytes, dict]:
+    """ptxas's cubin of CUDA ``source`` for ``arch`` (``nvcc --cubin -O3``, as TVM's nvcc path)
+    and, from the same compile, each kernel's resources (:func:`kernel_resources`)."""
     with tempfile.TemporaryDirectory() as tmp:
         cu, out = Path(tmp) / "kernel.cu", Path(tmp) / "kernel.cubin"
         cu.write_text(source)
-        cmd = ["nvcc", "--cubin", "-O3", f"-arch={arch}", "-o", str(out), str(cu)]
+        cmd = ["nvcc", "--cubin", "-O3", f"-arch={arch}", "-Xptxas", "-v", "-o", str(out), str(cu)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise PackBuildError(f"nvcc failed ({' '.join(cmd)}):\n{proc.stdout}{proc.stderr}")
-        return out.read_bytes()
+        report = ptxas.parse(proc.stderr + proc.stdout)
+        return out.read_bytes(), kernel_resources(source, report, arch)
+
+
+_LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\((\d+)\)\s+(\w+)\(")
+
+
+def kernel_resources(source: str, report: dict, arch: str) -> dict:
+    """Per kernel: threads (its ``__launch_bounds__``), ptxas's registers, spills, stack and
+    static shared memory, and the resident blocks per SM these allow on ``arch``; and the
+    name of the kernel with the fewest resident blocks (the persistent one in a Stream-K
+    build), so the report can tell a code-generation effect from a decomposition's."""
+    threads = {name: int(n) for n, name in _LAUNCH_BOUNDS.findall(source)}
+    kernels = {}
+    for name, found in report.items():
+        use = {
+            "threads": threads.get(name),
+            "registers": found.registers,
+            "spill_bytes": found.spills,
+            "stack": found.stack,
+            "shared": found.shared,
+        }
+        if use["threads"]:
+            held = occupancy.resident_blocks(arch, use["threads"], found.registers, found.shared)
+            use["blocks_per_sm"] = held.blocks
+            use["limiter"] = held.limiter
+        kernels[name] = use
+    held = {n: k.get("blocks_per_sm", 1 << 30) for n, k in kernels.items()}
+    return {"kernels": kernels, "main": min(held, key=lambda n: (held[n], n)) if held else None}
 
 
 def _args(func: tvm.tirx.PrimFunc) -> list[dict]:
@@ -203,6 +233,7 @@ def _record(
         "output_index": output,
         "source_sha256": hashlib.sha256(source.encode()).hexdigest(),
         "sanitize": variant.sanitize,
+        "device": "cuda",
     }
 
 
@@ -241,7 +272,7 @@ def build(variant: Variant, m: int, n: int, k: int, target=TARGET, num_sms: int 
     lib = tvm.compile(sch.mod, target=target, tir_pipeline="tvm_streamk")
     source = lib.mod.imports[0].inspect_source()
     arch = str(target.attrs["arch"])
-    binary = cubin(source, arch)
+    binary, used = cubin(source, arch)
     if runtime_grid:
         # Planned for one SM; predict for the GPU's count, as the run-time grid will be.
         predicted_plan = decomposition.plan(
@@ -265,6 +296,7 @@ def build(variant: Variant, m: int, n: int, k: int, target=TARGET, num_sms: int 
         predicted_plan=predicted_plan,
         runtime_grid=runtime_grid,
     )
+    record["resources"] = used
     return lib, binary, record
 
 
@@ -286,7 +318,7 @@ def build_dynamic(variant: Variant, n: int, k: int, run_ms, target=TARGET, num_s
     lib = tvm.compile(sch.mod, target=target, tir_pipeline="tvm_streamk")
     source = lib.mod.imports[0].inspect_source()
     arch = str(target.attrs["arch"])
-    binary = cubin(source, arch)
+    binary, used = cubin(source, arch)
     output = [buf.name for buf in func.params].index(site.writebacks[-1].output.name)
     records = []
     for m in run_ms:
@@ -303,6 +335,7 @@ def build_dynamic(variant: Variant, n: int, k: int, run_ms, target=TARGET, num_s
         ]
         record = _record(variant, (m, n, k), args, output, site, fixup, p, dp_plan, target, source)
         record["runtime_m"] = True
+        record["resources"] = used
         # compute-sanitizer checks the first M's run (one launch of the library is enough).
         record["sanitize"] = variant.sanitize and m == run_ms[0]
         records.append(record)

@@ -13,7 +13,12 @@ its suite (:data:`bench.gpu.kernels.SUITES`) the kernel is built for ``nvidia/nv
     runtime/tvm, tvm_ffi     TVM without its compiler, for the GPU machine's Python
     runtime-fallback/        typing_extensions, used only where the machine has none
 
-and ``OUT.tar.gz`` of it, which is what travels (at most 48 MiB). Usage::
+    device_run.sh            the one command to run on the GPU machine
+    runner/                  what run.py runs
+
+and ``OUT.tar.gz`` of it, which is what travels: at most :data:`MAX_BYTES` for its shape set
+(16 MiB for ``tiny``, 48 MiB for ``sweep``), with no wheel inside; a bigger archive fails the
+build. Usage::
 
     python -m bench.gpu.pack --shapes tiny --out /tmp/pack
     python -m bench.gpu.pack --shapes sweep --out /tmp/pack --jobs 2
@@ -34,9 +39,16 @@ import time
 import traceback
 from pathlib import Path
 
-# The most the archive (OUT.tar.gz) may weigh.
-MAX_BYTES = 48 * 2**20
+# The most the archive (OUT.tar.gz) may weigh, per shape set; the device tool carries 64 MiB.
+MAX_BYTES = {"tiny": 16 * 2**20, "sweep": 48 * 2**20, "custom": 48 * 2**20}
 HERE = Path(__file__).resolve().parent
+# What travels with the kernels: the runner and the staged command.
+RUNNER_FILES = ("run.py", "device_run.sh")
+RUNNER_PACKAGE = "runner"
+
+
+class PackSizeError(RuntimeError):
+    """The archive is over its limit, or holds a file that must not travel."""
 
 
 def _build_one(task: tuple) -> dict:
@@ -156,9 +168,9 @@ def build_pack(
     import typing_extensions
 
     shutil.copy2(typing_extensions.__file__, fallback / "typing_extensions.py")
-    shutil.copy2(HERE / "run.py", out / "run.py")
+    copy_runner(out)
     manifest = {
-        "format": 1,
+        "format": 2,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "shapes": set_name,
         "target": kernels.TARGET,
@@ -174,6 +186,35 @@ def build_pack(
     manifest["bytes"] = _size(out)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
+
+
+def copy_runner(out: Path) -> None:
+    """The runner and the staged command into the pack's folder."""
+    for name in RUNNER_FILES:
+        shutil.copy2(HERE / name, out / name)
+    shutil.copytree(
+        HERE / RUNNER_PACKAGE,
+        out / RUNNER_PACKAGE,
+        ignore=shutil.ignore_patterns("__pycache__"),
+        dirs_exist_ok=True,
+    )
+
+
+def check_archive(path: Path, shape_set: str) -> int:
+    """The archive's size; raises :class:`PackSizeError` when it is over the set's limit or
+    holds a wheel."""
+    limit = MAX_BYTES.get(shape_set, MAX_BYTES["custom"])
+    with tarfile.open(path) as tar:
+        wheels = [m.name for m in tar.getmembers() if m.name.endswith(".whl")]
+    if wheels:
+        raise PackSizeError(f"{path} holds wheels ({wheels[:3]}): keep --wheels outside the pack")
+    size = path.stat().st_size
+    if size > limit:
+        raise PackSizeError(
+            f"{path} is {size / 2**20:.1f} MiB, over the {limit / 2**20:.0f} MiB limit of the "
+            f"{shape_set!r} pack; build fewer shapes (--shapes tiny) or leave kernels out"
+        )
+    return size
 
 
 def archive(out: Path) -> Path:
@@ -195,12 +236,21 @@ def main(argv=None) -> int:
         help="Python of the machine that runs the pack (wheels from pip's index), or 'local' "
         "for this interpreter's installed tvm/tvm_ffi (default 3.12, the GPU machine's)",
     )
-    parser.add_argument("--wheels", type=Path, help="where the wheels are, or are downloaded to")
+    parser.add_argument(
+        "--wheels",
+        type=Path,
+        help="where the wheels are, or are downloaded to (default: ~/.cache/tvm-streamk/wheels; "
+        "never inside the pack)",
+    )
     parser.add_argument("--jobs", type=int, help="build processes (default: all CPUs)")
     args = parser.parse_args(argv)
     manifest = build_pack(args.out, args.shapes, args.python, args.wheels, args.jobs)
     packed = archive(args.out)
-    size = packed.stat().st_size
+    try:
+        size = check_archive(packed, args.shapes)
+    except PackSizeError as err:
+        print(err)
+        return 1
     print(
         f"pack {args.out}: {len(manifest['kernels'])} kernels, {len(manifest['failed'])} failed, "
         f"{len(manifest['skipped'])} skipped, {manifest['bytes'] / 2**20:.1f} MiB "
@@ -212,9 +262,6 @@ def main(argv=None) -> int:
             *(f"  {f['failed']}: {f['error'][:300]}" for f in manifest["failed"]),
             sep="\n",
         )
-    if size > MAX_BYTES:
-        print(f"{packed} is {size / 2**20:.1f} MiB, over the {MAX_BYTES / 2**20:.0f} MiB limit")
-        return 1
     return 1 if manifest["failed"] else 0
 
 

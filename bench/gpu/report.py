@@ -1,16 +1,19 @@
-"""Turn a GPU run's ``results.json`` and its pack's ``manifest.json`` into markdown tables.
+"""Turn a GPU run's journals and its pack's manifest into markdown tables.
 
-Tables: correctness and sanitizers; the speed-up of each decomposition over the data-parallel
-kernel of the same schedule and shape, by shape class (geometric mean, min, max); the fraction
-of cuBLAS (torch.matmul) each reaches; the cost model's predicted speed-up against the measured
-one. ``--calibrate`` also fits :func:`tvm_streamk.cost_model.calibrate` to the measured times,
-per schedule source and fix-up (a unit of the model is one K-panel iteration of one tile, whose
-cost depends on the schedule's tile).
+Input: the folder ``device_run.sh`` filled (``--run OUT``: ``results.jsonl``,
+``sanitizer.jsonl``, ``manifest.json``, ``env-before.json``), or the files one by one. The
+headline, per shape class: each decomposition's speed-up over the data-parallel kernel of the
+same schedule and shape (geometric mean), and the fraction of cuBLAS it reaches (torch.matmul:
+fp32 with TF32 off; fp16 inputs with fp32 accumulation on tensor cores). Then correctness and
+the sanitizers; resources (registers and resident blocks per SM against data-parallel's, so a
+code-generation effect can be told from a decomposition's); the GPU's clocks over the run; the
+cost model's predicted speed-up against the measured one. ``--calibrate`` also fits
+:func:`tvm_streamk.cost_model.calibrate` to the measured times, per schedule source and fix-up.
 
 Usage::
 
-    python -m bench.gpu.report --results results.json --manifest pack/manifest.json \
-        --out docs/benchmarks-gpu.md [--calibrate]
+    python -m bench.gpu.report --run gpu-out --out docs/benchmarks-gpu.md [--calibrate]
+    python -m bench.gpu.report --results results.jsonl --manifest pack/manifest.json
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import math
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+from bench.gpu.runner import journal
 
 
 def _geomean(values: list[float]) -> float:
@@ -39,74 +44,236 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
     return lines + [""]
 
 
-def joined(results: dict, manifest: dict) -> list[dict]:
-    """Each measured kernel's result with its manifest record (``entry``)."""
-    by_name = {k["name"]: k for k in manifest["kernels"]}
+@dataclasses.dataclass
+class Run:
+    """What one GPU run left: its journals' records, the manifest, the machine."""
+
+    records: list[dict]
+    sanitizer: list[dict]
+    manifest: dict
+    environment: dict = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def load(cls, results: Path, manifest: Path, sanitizer: Path | None = None, env=None):
+        environment = json.loads(env.read_text()) if env and env.is_file() else {}
+        return cls(
+            journal.read(results),
+            journal.read(sanitizer) if sanitizer else [],
+            json.loads(manifest.read_text()),
+            environment,
+        )
+
+    @classmethod
+    def from_folder(cls, folder: Path):
+        return cls.load(
+            folder / "results.jsonl",
+            folder / "manifest.json",
+            folder / "sanitizer.jsonl",
+            folder / "env-before.json",
+        )
+
+
+def joined(run: Run) -> list[dict]:
+    """Each kernel's last record with its manifest record (``entry``)."""
+    by_name = {k["name"]: k for k in run.manifest["kernels"]}
     return [
         dict(r, entry=by_name[r["name"]])
-        for r in results.get("kernels", [])
+        for r in journal.kernel_records(run.records)
         if r["name"] in by_name
     ]
 
 
+def _key(entry: dict) -> tuple:
+    return (tuple(entry["shape"].values()), entry["schedule_source"])
+
+
 def _baselines(rows: list[dict]) -> dict:
-    """(shape, schedule source) -> the data-parallel kernel's median time."""
-    return {
-        (tuple(r["entry"]["shape"].values()), r["entry"]["schedule_source"]): r["median_ms"]
-        for r in rows
-        if r["entry"]["variant"] == "data_parallel" and r.get("status") == "ok" and "median_ms" in r
-    }
+    """(shape, schedule source) -> the data-parallel kernel's row."""
+    return {_key(r["entry"]): r for r in _timed(rows) if r["entry"]["variant"] == "data_parallel"}
 
 
 def _timed(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r.get("status") == "ok" and r.get("median_ms")]
 
 
-def correctness(results: dict, rows: list[dict]) -> list[str]:
+def _cublas_kind(entry: dict) -> str:
+    if entry["dtypes"]["a"] == "float32":
+        return "fp32, TF32 off"
+    return f"{entry['dtypes']['a']} inputs, fp32 accumulation (tensor cores)"
+
+
+def headline(rows: list[dict]) -> list[str]:
+    """Per shape class and decomposition: speed-up over data-parallel, fraction of cuBLAS."""
+    base = _baselines(rows)
+    groups = defaultdict(lambda: {"speedup": [], "cublas": [], "kinds": set()})
+    for r in _timed(rows):
+        e = r["entry"]
+        group = groups[(e["shape_class"], e["schedule_source"], e["variant"])]
+        if r.get("cublas_ms"):
+            group["cublas"].append(r["cublas_ms"] / r["median_ms"])
+            group["kinds"].add(_cublas_kind(e))
+        dp = base.get(_key(e))
+        if dp is not None and e["variant"] != "data_parallel":
+            group["speedup"].append(dp["median_ms"] / r["median_ms"])
+    out = [
+        "## Headline",
+        "",
+        "Per shape class: speed-up over the data-parallel kernel of the same schedule and shape "
+        "(its time / the kernel's; > 1 is faster), and the fraction of cuBLAS "
+        "(torch.matmul's time / the kernel's; 1 is as fast), geometric means over the shapes.",
+        "",
+    ]
+    table = []
+    for (cls, source, variant), g in sorted(groups.items()):
+        speedup = _geomean(g["speedup"]) if g["speedup"] else "baseline"
+        if variant != "data_parallel" and not g["speedup"]:
+            speedup = "no baseline"
+        cublas = _geomean(g["cublas"]) if g["cublas"] else math.nan
+        table.append(
+            [cls, source, variant, len(g["cublas"]), speedup, cublas, "; ".join(sorted(g["kinds"]))]
+        )
+    return out + _table(
+        ["shape class", "schedule", "decomposition", "n", "speed-up vs DP", "of cuBLAS",
+         "cuBLAS as"], table
+    )  # fmt: skip
+
+
+def correctness(run: Run, rows: list[dict]) -> list[str]:
     counts = defaultdict(int)
     for r in rows:
         counts[r["status"]] += 1
     out = ["## Correctness", ""]
-    device = results.get("device", {})
+    device = run.environment.get("device")
     if device:
+        torch = run.environment.get("torch", {})
         out += [
-            f"Device: {device.get('name')} ({device.get('sms')} SMs), torch {device.get('torch')}, "
-            f"CUDA {device.get('cuda')}; {results.get('elapsed_s')} s.",
+            f"Device: {device.get('name')} ({device.get('sms')} SMs), torch "
+            f"{torch.get('version')}, CUDA {torch.get('cuda')}, driver "
+            f"{run.environment.get('driver')}.",
             "",
         ]
+    out += [
+        "Every kernel: an exact pass on integer-valued inputs (bit-equal to float64, over "
+        "several calls), a float pass, and the float pass again after the timed calls "
+        "(deterministic kernels: the same bits as the first call).",
+        "",
+    ]
     out += _table(["status", "kernels"], [[k, v] for k, v in sorted(counts.items())])
-    if results.get("not_run"):
-        out += [f"Not run (time budget): {len(results['not_run'])} kernels.", ""]
+    not_run = [n for r in run.records if r.get("kind") == "not_run" for n in r["names"]]
+    if not_run:
+        out += [f"Not run (time budget): {len(not_run)} kernels.", ""]
+    errors = [r for r in run.records if r.get("kind") == "error"]
+    for r in errors:
+        out += [f"Run error at {r.get('stage')}: {r.get('error')}", ""]
     bad = [r for r in rows if r["status"] != "ok"]
     if bad:
         out += _table(
-            ["kernel", "status", "max rel. error", "detail"],
+            ["kernel", "status", "stage", "exact mismatches", "detail"],
             [
                 [
                     r["name"],
                     r["status"],
-                    r.get("max_err_rel", ""),
-                    r.get("error", r.get("rule", "")),
+                    r.get("stage", ""),
+                    r.get("exact_mismatches", ""),
+                    _detail(r),
                 ]
                 for r in bad
             ],
         )
-    sanitizer = results.get("sanitizer")
-    if sanitizer:
+    reports = [s for s in run.sanitizer if s.get("kind") == "sanitizer"]
+    if reports:
         out += ["### compute-sanitizer", ""]
         out += _table(
-            ["tool", "kernels", "status", "errors"],
+            ["tool", "kernels", "sanitizer", "errors", "child's own verdict"],
             [
                 [
                     s.get("tool", ""),
-                    ", ".join(s.get("kernels", [])),
+                    len(s.get("kernels", [])),
                     s["status"],
                     s.get("errors", ""),
+                    ", ".join(sorted(set((s.get("child") or {}).values()))),
                 ]
-                for s in sanitizer
+                for s in reports
             ],
         )
     return out
+
+
+def _detail(record: dict) -> str:
+    """One line on why a kernel is not ok."""
+    if record.get("error"):
+        text = record["error"]
+    elif record.get("stderr_tail") is not None:
+        lines = [line.strip() for line in record["stderr_tail"].splitlines() if line.strip()]
+        first = next((x for x in lines if x.startswith(("Timeout", "Fatal Python error"))), None)
+        text = f"exit {record.get('returncode')}: {first or (lines[-1] if lines else '')}"
+    else:
+        text = f"float pass {record.get('float', {}).get('max_err_rel')} (max rel. error)"
+    return text[:200].replace("|", "/")
+
+
+def _main_use(entry: dict) -> dict:
+    used = entry.get("resources") or {}
+    return (used.get("kernels") or {}).get(used.get("main"), {})
+
+
+def resources(rows: list[dict]) -> list[str]:
+    """Registers and resident blocks of each timed kernel against its data-parallel kernel's."""
+    base = _baselines(rows)
+    table = []
+    for r in _timed(rows):
+        e = r["entry"]
+        dp = base.get(_key(e))
+        if dp is None or e["variant"] == "data_parallel":
+            continue
+        mine, theirs = _main_use(e), _main_use(dp["entry"])
+        if not mine or not theirs:
+            continue
+        table.append(
+            [
+                r["name"],
+                dp["median_ms"] / r["median_ms"],
+                f"{mine['registers']} / {theirs['registers']}",
+                f"{mine.get('blocks_per_sm')} / {theirs.get('blocks_per_sm')}",
+                mine["spill_bytes"],
+                e["plan"]["label"],
+            ]
+        )
+    out = [
+        "## Resources beside the speed-ups",
+        "",
+        "Registers and resident blocks per SM of the kernel's persistent (main) kernel / of the "
+        "data-parallel kernel (ptxas, from the pack's build): a speed-up that comes with fewer "
+        "resident blocks or spills is partly a code-generation effect.",
+        "",
+    ]
+    if not table:
+        return out + ["No timed kernel with resources on both sides.", ""]
+    return out + _table(
+        ["kernel", "speed-up", "registers", "blocks/SM", "spills (B)", "plan"], table
+    )
+
+
+def clocks(rows: list[dict]) -> list[str]:
+    """The SM clock before and after each group's timing, over the run."""
+    seen = []
+    for r in _timed(rows):
+        for side in ("before", "after"):
+            value = ((r.get("clocks") or {}).get(side) or {}).get("clocks.sm")
+            if value not in (None, ""):
+                try:
+                    seen.append(float(value))
+                except ValueError:
+                    continue
+    out = ["## Clocks", ""]
+    if not seen:
+        return out + ["No clock readings (nvidia-smi was not available).", ""]
+    spread = (max(seen) - min(seen)) / max(seen)
+    note = " (more than 5% apart: throttling during the run)" if spread > 0.05 else ""
+    return out + [
+        f"SM clock over {len(seen)} readings: {min(seen):.0f} to {max(seen):.0f} MHz{note}.",
+        "",
+    ]
 
 
 def speedups(rows: list[dict]) -> list[str]:
@@ -114,37 +281,16 @@ def speedups(rows: list[dict]) -> list[str]:
     groups = defaultdict(list)
     for r in _timed(rows):
         e = r["entry"]
-        dp = base.get((tuple(e["shape"].values()), e["schedule_source"]))
+        dp = base.get(_key(e))
         if e["variant"] == "data_parallel" or dp is None:
             continue
-        groups[(e["schedule_source"], e["variant"], e["shape_class"])].append(dp / r["median_ms"])
+        groups[(e["schedule_source"], e["variant"], e["shape_class"])].append(
+            dp["median_ms"] / r["median_ms"]
+        )
     out = [
-        "## Speed-up over data-parallel",
+        "## Speed-up over data-parallel, spread",
         "",
         "Data-parallel time / kernel time, same schedule and shape (> 1: faster).",
-        "",
-    ]
-    table = [
-        [source, variant, cls, len(v), _geomean(v), min(v), max(v)]
-        for (source, variant, cls), v in sorted(groups.items())
-    ]
-    return out + _table(
-        ["schedule", "decomposition", "shape class", "n", "geomean", "min", "max"], table
-    )
-
-
-def cublas_fraction(rows: list[dict]) -> list[str]:
-    groups = defaultdict(list)
-    for r in _timed(rows):
-        if r.get("cublas_ms"):
-            e = r["entry"]
-            groups[(e["schedule_source"], e["variant"], e["shape_class"])].append(
-                r["cublas_ms"] / r["median_ms"]
-            )
-    out = [
-        "## Fraction of cuBLAS",
-        "",
-        "torch.matmul time / kernel time (1: as fast as cuBLAS).",
         "",
     ]
     table = [
@@ -161,11 +307,11 @@ def predicted_vs_measured(rows: list[dict], worst: int = 10) -> list[str]:
     pairs = []
     for r in _timed(rows):
         e = r["entry"]
-        dp = base.get((tuple(e["shape"].values()), e["schedule_source"]))
+        dp = base.get(_key(e))
         if e["variant"] == "data_parallel" or dp is None:
             continue
         predicted = e["predicted_dp_units"] / e["predicted_units"]
-        pairs.append((r["name"], e["plan"]["label"], predicted, dp / r["median_ms"]))
+        pairs.append((r["name"], e["plan"]["label"], predicted, dp["median_ms"] / r["median_ms"]))
     out = ["## Predicted versus measured speed-up", ""]
     if not pairs:
         return out + ["No kernel with a measured data-parallel baseline.", ""]
@@ -220,12 +366,14 @@ def calibration(rows: list[dict]) -> list[str]:
     return out + [""] + _table(["schedule", "fixup", "n", *names], table)
 
 
-def render(results: dict, manifest: dict, calibrate: bool = False) -> str:
-    rows = joined(results, manifest)
-    lines = [f"# GPU results ({results.get('shapes', manifest.get('shapes'))} pack)", ""]
-    lines += correctness(results, rows)
+def render(run: Run, calibrate: bool = False) -> str:
+    rows = joined(run)
+    lines = [f"# GPU results ({run.manifest.get('shapes')} pack)", ""]
+    lines += headline(rows)
+    lines += correctness(run, rows)
     lines += speedups(rows)
-    lines += cublas_fraction(rows)
+    lines += resources(rows)
+    lines += clocks(rows)
     lines += predicted_vs_measured(rows)
     if calibrate:
         lines += calibration(rows)
@@ -234,14 +382,20 @@ def render(results: dict, manifest: dict, calibrate: bool = False) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results", type=Path, required=True)
-    parser.add_argument("--manifest", type=Path, required=True)
+    parser.add_argument("--run", type=Path, help="the folder device_run.sh wrote ($OUT)")
+    parser.add_argument("--results", type=Path, help="results.jsonl (without --run)")
+    parser.add_argument("--manifest", type=Path, help="the pack's manifest.json (without --run)")
+    parser.add_argument("--sanitizer", type=Path, help="sanitizer.jsonl (without --run)")
     parser.add_argument("--out", type=Path, help="markdown file (default: stdout)")
     parser.add_argument("--calibrate", action="store_true")
     args = parser.parse_args(argv)
-    text = render(
-        json.loads(args.results.read_text()), json.loads(args.manifest.read_text()), args.calibrate
-    )
+    if args.run:
+        run = Run.from_folder(args.run)
+    elif args.results and args.manifest:
+        run = Run.load(args.results, args.manifest, args.sanitizer)
+    else:
+        parser.error("give --run OUT, or --results and --manifest")
+    text = render(run, args.calibrate)
     if args.out:
         args.out.write_text(text)
     else:

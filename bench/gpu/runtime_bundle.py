@@ -13,6 +13,7 @@ for the local Python, from the installed packages.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -56,6 +57,13 @@ def _excluded(package: str, relative: PurePosixPath) -> bool:
         return True
     text = relative.as_posix()
     return any(text == skip or text.startswith(skip + "/") for skip in EXCLUDED[package])
+
+
+def default_wheel_dir() -> Path:
+    """Where downloaded wheels are kept between builds: a cache outside every pack (a wheel
+    inside the pack's folder would travel with it: 99 MiB for the two)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "tvm-streamk" / "wheels"
 
 
 def download_wheels(python: str, dest: Path) -> list[Path]:
@@ -137,8 +145,8 @@ def bundle(dest: Path, python: str = "3.12", wheel_dir: Path | None = None) -> d
     """Write the runtime-only ``tvm`` and ``tvm_ffi`` for ``python`` into ``dest``.
 
     ``python="local"`` copies the installed packages (this interpreter's ``tvm_ffi`` build);
-    otherwise the wheels are taken from ``wheel_dir`` or downloaded into it. Returns a record
-    for the manifest.
+    otherwise the wheels are taken from ``wheel_dir`` (default :func:`default_wheel_dir`) or
+    downloaded into it; it must not lie inside the pack. Returns a record for the manifest.
     """
     if dest.exists():
         shutil.rmtree(dest)
@@ -148,7 +156,12 @@ def bundle(dest: Path, python: str = "3.12", wheel_dir: Path | None = None) -> d
         origin = f"installed packages of Python {sys.version_info.major}.{sys.version_info.minor}"
         python = f"{sys.version_info.major}.{sys.version_info.minor}"
     else:
-        wheel_dir = wheel_dir or dest.parent / "wheels"
+        wheel_dir = (wheel_dir or default_wheel_dir()).resolve()
+        if wheel_dir.is_relative_to(dest.parent.resolve()):
+            raise BundleError(
+                f"the wheel folder {wheel_dir} is inside the pack {dest.parent}: its wheels "
+                "would travel with it; pass --wheels outside the pack"
+            )
         wheels = wheels_in(wheel_dir, python) or download_wheels(python, wheel_dir)
         for wheel in wheels:
             _from_wheel(wheel, dest)

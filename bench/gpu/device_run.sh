@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The one command to run on the GPU machine: bash device_run.sh PACK.tar.gz
+#
+# Stages, each under its own `timeout`, each writing its files under $OUT as it goes (one
+# flushed line per kernel), so a stage that hangs or is killed loses nothing already written:
+#   env-before   nvidia-smi (clocks, driver), torch, CUDA and compute-sanitizer versions
+#   dry-run      every library loads and asks for its own cubin (no launch)
+#   smoke        one data-parallel kernel per schedule source: the first real cubin load and
+#                launch, checked; on failure, `diagnose` (CUDA_LAUNCH_BLOCKING=1, faulthandler,
+#                libraries, cubin digests) and stop
+#   sweep        every kernel checked and timed, data-parallel and Stream-K interleaved per
+#                shape, until SWEEP_BUDGET seconds are spent (RESUME_FROM=results.jsonl of
+#                an earlier call: only the kernels it has no record of)
+#   sanitize     memcheck, racecheck, synccheck, initcheck on the marked kernels, bounded
+#   env-after    the clocks again
+# The stage limits below sum to the worst case of the whole command (bench/README.md).
+set -u
+
+PACK_TGZ=${1:?usage: bash device_run.sh PACK.tar.gz}
+OUT=${OUT:-$PWD/gpu-out}
+WORK=${WORK:-$(mktemp -d /tmp/sk-pack.XXXXXX)}
+PYTHON=${PYTHON:-python3}
+# Each stage's limit in seconds; `timeout` adds up to KILL_S to a stage that ignores SIGTERM.
+UNPACK_S=${UNPACK_S:-15}
+ENV_S=${ENV_S:-20}
+DRY_RUN_S=${DRY_RUN_S:-40}
+SMOKE_S=${SMOKE_S:-60}
+DIAGNOSE_S=${DIAGNOSE_S:-45}
+SWEEP_BUDGET=${SWEEP_BUDGET:-190}
+SWEEP_S=${SWEEP_S:-$((SWEEP_BUDGET + 30))}
+SANITIZE_BUDGET=${SANITIZE_BUDGET:-60}
+SANITIZE_S=${SANITIZE_S:-$((SANITIZE_BUDGET + 10))}
+KILL_S=5
+KERNEL_TIMEOUT=${KERNEL_TIMEOUT:-30}
+
+mkdir -p "$OUT" "$WORK"
+LOG="$OUT/stages.log"
+say() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$LOG"; }
+
+# stage NAME LIMIT_S COMMAND...: the command's output to $OUT/NAME.log; its exit status.
+stage() {
+    local name=$1 limit=$2
+    shift 2
+    say "stage $name (limit ${limit}s): $*"
+    timeout --kill-after="$KILL_S" "$limit" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    say "stage $name exit $rc$([ $rc -eq 124 ] && echo ' (time limit)')"
+    return $rc
+}
+
+environment() {
+    {
+        echo "## nvidia-smi"
+        nvidia-smi 2>&1
+        echo "## nvidia-smi -q -d CLOCK,PERFORMANCE,POWER,TEMPERATURE"
+        nvidia-smi -q -d CLOCK,PERFORMANCE,POWER,TEMPERATURE 2>&1
+        echo "## compute-sanitizer --version"
+        compute-sanitizer --version 2>&1
+        echo "## python"
+        "$PYTHON" --version 2>&1
+    }
+    "$PYTHON" "$PACK/run.py" env --out "$1"
+}
+
+say "device_run.sh: pack $PACK_TGZ, out $OUT, work $WORK"
+stage unpack "$UNPACK_S" tar -xzf "$PACK_TGZ" -C "$WORK" || { say "cannot unpack"; exit 2; }
+PACK=$(dirname "$(find "$WORK" -maxdepth 2 -name manifest.json | head -1)")
+[ -f "$PACK/run.py" ] || { say "no run.py in the pack"; exit 2; }
+export -f environment
+export PACK PYTHON
+
+stage env-before "$ENV_S" bash -c 'environment "$0"' "$OUT/env-before.json"
+stage dry-run "$DRY_RUN_S" "$PYTHON" "$PACK/run.py" dry-run --out "$OUT/dry-run.json"
+if ! stage smoke "$SMOKE_S" "$PYTHON" "$PACK/run.py" smoke --out "$OUT/smoke.jsonl" \
+        --kernel-timeout "$KERNEL_TIMEOUT"; then
+    stage diagnose "$DIAGNOSE_S" env CUDA_LAUNCH_BLOCKING=1 \
+        "$PYTHON" -X faulthandler "$PACK/run.py" diagnose --out "$OUT/diagnose.jsonl"
+    stage env-after "$ENV_S" bash -c 'environment "$0"' "$OUT/env-after.json"
+    say "smoke failed: stopped after the diagnosis (diagnose.log, diagnose.jsonl)"
+    exit 1
+fi
+if [ -n "${RESUME_FROM:-}" ] && [ -f "$RESUME_FROM" ]; then
+    cp "$RESUME_FROM" "$OUT/results.jsonl"
+    say "resuming the sweep from $RESUME_FROM"
+fi
+stage sweep "$SWEEP_S" "$PYTHON" "$PACK/run.py" sweep --out "$OUT/results.jsonl" \
+    --budget "$SWEEP_BUDGET" --kernel-timeout "$KERNEL_TIMEOUT" --skip-done
+sweep_rc=$?
+stage sanitize "$SANITIZE_S" "$PYTHON" "$PACK/run.py" sanitize --out "$OUT/sanitizer.jsonl" \
+    --budget "$SANITIZE_BUDGET"
+sanitize_rc=$?
+stage env-after "$ENV_S" bash -c 'environment "$0"' "$OUT/env-after.json"
+cp "$PACK/manifest.json" "$OUT/manifest.json"
+say "done: sweep exit $sweep_rc, sanitize exit $sanitize_rc"
+[ $sweep_rc -eq 0 ] && [ $sanitize_rc -eq 0 ]
