@@ -56,7 +56,7 @@ def test_atomic_fixup_zeroes_first_and_never_waits():
 
 
 def test_unknown_fixup():
-    with pytest.raises(CostModelError, match=r"fixup must be one of \('workspace', 'atomic'\)"):
+    with pytest.raises(CostModelError, match=r"fixup must be one of \['atomic', 'workspace'\]"):
         predicted_time(plan(3, 4, 2, policy="stream_k"), fixup="reduce")
     with pytest.raises(CostModelError, match="found 'reduce'"):
         plan(3, 4, 2, fixup="reduce")

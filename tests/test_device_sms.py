@@ -100,9 +100,9 @@ def test_per_block_buffers_are_sized_by_the_tile(shape, fixup, target):
     assert found.pop("sk_num_blocks_local") == 1
     expected = _arrays(fixed.mod, target)
     if fixup == "workspace":
-        # The verdict carries the peer record its leader read (fixup_workspace, "Peers").
-        assert (found.pop("sk_last"), found.pop("sk_is_last")) == (3, 3)
-        assert (expected.pop("sk_last"), expected.pop("sk_is_last")) == (1, 1)
+        # The peer record the last arriver's leader read, handed to its block beside the
+        # verdict (fixup_workspace, "Peers").
+        assert (found.pop("sk_peers_shared"), found.pop("sk_peers")) == (2, 2)
     assert found == expected
     tile = 32 * 32 // 64  # each of the 64 threads holds 4 x 4 accumulators
     assert found["C_local"] == tile
@@ -112,7 +112,7 @@ def test_per_block_buffers_are_sized_by_the_tile(shape, fixup, target):
     "kwargs, found",
     [
         ({"policy": "hybrid"}, "policy='hybrid'"),
-        ({"policy": "split_k"}, "policy='split_k'"),
+        ({"policy": "split_k", "splits": 2}, "policy='split_k'"),
     ],
 )
 def test_refusals(kwargs, found):

@@ -6,10 +6,10 @@ import tvm
 from tvm import relax
 
 import tvm_streamk
-from tvm_streamk import annotations as ann
 from tvm_streamk import pocl, workloads
 from tvm_streamk._compat import dlight
 from tvm_streamk.analysis import blocks_under
+from tvm_streamk.decision import record as ann
 from tvm_streamk.dlight import StreamKMatmul
 from tvm_streamk.relax_pipeline import relax_pipeline
 

@@ -286,11 +286,11 @@ def test_persistent_grid_sized_by_the_built_kernels_occupancy():
     kernel = moe.grouped_matmul_kernel(
         8, 512, 256, target=A100, fixup="atomic", tiles=(64, 64, 16, 4, 4)
     )
-    from tvm_streamk import annotations as ann
     from tvm_streamk.analysis import first_site
+    from tvm_streamk.decision import record as ann
 
     site = first_site(kernel)
-    decision = ann.decision_of(site.block.annotations, site.block.name_hint)
+    decision = ann.decode(site.block.annotations, site.block.name_hint)
     assert (decision.num_sms, decision.blocks_per_sm) == (108, 5)
 
 

@@ -17,9 +17,9 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 
 import tvm_streamk
-from tvm_streamk import annotations as ann
 from tvm_streamk import meta_schedule as skms
 from tvm_streamk import pocl, ptxas, workloads
+from tvm_streamk.decision import record as ann
 from tvm_streamk.errors import StreamKError
 from tvm_streamk.meta_schedule.annotate import policy_code, without_stream_k
 from tvm_streamk.meta_schedule.builder import ir_path

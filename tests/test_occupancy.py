@@ -8,8 +8,9 @@ import pytest
 import tvm
 
 import tvm_streamk
-from tvm_streamk import annotations, occupancy, ptxas, resources, workloads
+from tvm_streamk import occupancy, ptxas, resources, workloads
 from tvm_streamk.analysis import first_site
+from tvm_streamk.decision import record as annotations
 from tvm_streamk.dlight import StreamKMatmul
 
 from .test_portability import _dlight_matmul

@@ -9,7 +9,8 @@ import tvm
 from tvm.s_tir import Schedule, Trace
 
 import tvm_streamk
-from tvm_streamk import annotations, pocl, workloads
+from tvm_streamk import pocl, workloads
+from tvm_streamk.decision import record as annotations
 from tvm_streamk.decomposition import DecompositionError, plan
 from tvm_streamk.decomposition import policy as policies
 from tvm_streamk.decomposition.data_parallel import DataParallel

@@ -95,7 +95,7 @@ def test_a_decision_on_the_unfused_loops_is_refused_at_lowering():
     block = sch.get_sblock("C_update")
     # A decision written by hand, without the primitive's fuse.
     for key, value in (
-        tvm_streamk.annotations.Decision(
+        tvm_streamk.decision.Decision(
             policy="stream_k",
             variant=None,
             num_sms=4,

@@ -19,8 +19,8 @@ from tvm.s_tir import dlight as dl
 from tvm.s_tir import meta_schedule as ms
 
 import tvm_streamk
-from tvm_streamk import annotations as ann
 from tvm_streamk import pocl, workloads
+from tvm_streamk.decision import record as ann
 from tvm_streamk.errors import StreamKError
 
 from .helpers import block_idx_extents

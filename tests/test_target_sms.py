@@ -5,7 +5,8 @@ import pytest
 import tvm
 
 import tvm_streamk
-from tvm_streamk import annotations, pocl, workloads
+from tvm_streamk import pocl, workloads
+from tvm_streamk.decision import record as annotations
 from tvm_streamk.errors import StreamKError
 from tvm_streamk.explain import ExplainError
 from tvm_streamk.pocl import lowering as pocl_lowering

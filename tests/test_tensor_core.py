@@ -14,9 +14,9 @@ from tvm import relax
 from tvm.s_tir import dlight as dl
 
 import tvm_streamk
-from tvm_streamk import annotations as ann
 from tvm_streamk import ptxas
 from tvm_streamk.analysis import analyze, blocks_under, first_site
+from tvm_streamk.decision import record as ann
 from tvm_streamk.errors import StreamKError
 
 

@@ -10,7 +10,8 @@ import tvm
 from tvm.s_tir import Schedule, Trace
 
 import tvm_streamk
-from tvm_streamk import annotations, cost_model, workloads
+from tvm_streamk import cost_model, workloads
+from tvm_streamk.decision import record as annotations
 from tvm_streamk.errors import StreamKError
 from tvm_streamk.meta_schedule.annotate import without_stream_k
 

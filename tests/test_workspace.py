@@ -130,7 +130,7 @@ def test_deterministic_forces_workspace():
 
 def test_workspace_is_sized_for_the_split_tiles():
     from tvm_streamk.analysis import analyze
-    from tvm_streamk.transform.fixup import footprint
+    from tvm_streamk.fixup_registry import footprint
     from tvm_streamk.transform.fixup_workspace import WorkspaceFixup
 
     func = workloads.gemm(96, 96, 40)

@@ -7,7 +7,7 @@ method of ``tvm.s_tir.Schedule``. The other subpackages load on first access
 
 import importlib
 
-from . import dlight, meta_schedule, postproc
+from . import dlight, gpus, meta_schedule, postproc
 from .decomposition import Plan, plan
 from .errors import StreamKError
 from .explain import explain
@@ -20,16 +20,24 @@ from .schedule import stream_k
 # Loaded on first attribute access: the CPU backend opens OpenCL, the rest is rarely needed.
 _LAZY = (
     "analysis",
-    "annotations",
     "cost_model",
+    "decision",
     "decomposition",
     "device",
+    "fixup_registry",
     "gpus",
+    "memory_model",
     "moe",
     "pipeline",
     "pocl",
     "transform",
     "workloads",
+)
+
+
+# The OpenCL builds' SM count is the compute units of the CPU executor (loaded when asked).
+gpus.register_compute_units(
+    "opencl", lambda: importlib.import_module(f"{__name__}.pocl").compute_units()
 )
 
 

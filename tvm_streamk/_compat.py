@@ -61,6 +61,23 @@ def target(value) -> tvm.target.Target:
 BufferLoadNode = tvm.ir.TensorLoad
 
 
+def replace_block(block: SBlock, **changes) -> SBlock:
+    """A copy of ``block`` with some fields replaced."""
+    fields = {
+        "iter_vars": block.iter_vars,
+        "reads": block.reads,
+        "writes": block.writes,
+        "name_hint": block.name_hint,
+        "body": block.body,
+        "init": block.init,
+        "alloc_buffers": block.alloc_buffers,
+        "match_buffers": block.match_buffers,
+        "annotations": block.annotations,
+    }
+    fields.update(changes)
+    return SBlock(**fields)
+
+
 def loaded_buffer(load) -> tirx.Buffer:
     """The buffer a ``TensorLoad`` or ``TensorRegion`` refers to (``.buffer`` before 0.27)."""
     return load.source

@@ -26,13 +26,11 @@ import time
 
 import numpy as np
 
-from . import decomposition, gpus, workloads
+from . import decomposition, fixup_registry, gpus, workloads
 from . import device as devices
-from .cost_model import FIXUPS as MODEL_FIXUPS
 from .decomposition import DecompositionError
 from .errors import StreamKError
 from .explain import ExplainError, explain
-from .transform import fixup as fixups
 
 # Elementwise tolerance of the checks, relative to the largest output: fp32 accumulation of K
 # products of values in [-1, 1] stays within 1e-5 of float64 for the K the demo runs; int8 inputs
@@ -87,7 +85,7 @@ def _add_gemm(p: argparse.ArgumentParser) -> None:
 
 def _schedule_fixups() -> tuple[str, ...]:
     """What ``stream_k(fixup=)`` takes: ``auto`` and every registered fix-up."""
-    return ("auto", *fixups.names())
+    return (fixup_registry.AUTO, *fixup_registry.names())
 
 
 def _needs_num_sms(policy: str) -> bool:
@@ -187,8 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     expl.add_argument(
         "--target", help="a TVM target tag whose SM count to use when --num-sms is not given"
     )
-    # Reports need no kernel, so every fix-up the cost model prices is accepted, built or not.
-    _add_policy(expl, "heuristic", MODEL_FIXUPS)
+    # Reports need no kernel, so every registered fix-up is accepted, built or not.
+    _add_policy(expl, "heuristic", fixup_registry.names())
     expl.add_argument("--json", action="store_true", help="print the report as JSON")
     expl.set_defaults(run=_explain)
     return parser

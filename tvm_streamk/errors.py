@@ -34,3 +34,11 @@ class StreamKError(ScheduleError):
         self.found = found
         self.remedy = remedy
         super().__init__(f"{_PREFIX}{condition}]: found {found}. {remedy}")
+
+    @classmethod
+    def stated(cls, condition: str, statement: str) -> StreamKError:
+        """A refusal whose ``statement`` already says what was expected, what was found and
+        what to do (a :class:`~tvm_streamk.decomposition.DecompositionError`'s message)."""
+        error = cls(f"{_PREFIX}{condition}]: {statement}")
+        error.found, error.remedy = statement, ""
+        return error

@@ -17,19 +17,16 @@ import math
 import tvm
 from tvm import tirx
 
-from . import annotations as ann
-from . import cost_model, decomposition, ptxas, resources
+from . import cost_model, decomposition, fixup_registry, ptxas, resources
 from ._compat import SBlockRealize, structural_map
 from .analysis import StreamKSite, analyze, blocks_under, find_block_path
+from .decision import record, resolve
 from .decomposition import Plan
 from .report import Explanation, PlanStats
 from .report import slots as _slots
-from .transform import fixup as fixups
-from .transform.lower_stream_k import plan_for
 
 __all__ = ["ExplainError", "Explanation", "PlanStats", "explain", "workspace_slots"]
 
-FIXUPS = cost_model.FIXUPS
 # The workspace fix-up counts arrivals at each tile in one int32.
 
 
@@ -162,7 +159,7 @@ def _stats(p: Plan, fixup: str, tile_elems, acc_bytes: int, out_bytes: int, satu
     segments = [len(w) for w in p.work]
     workspace = zeroed = None
     if tile_elems is not None:
-        need = fixups.footprint(p, fixup, tile_elems, acc_bytes, out_bytes)
+        need = fixup_registry.footprint(p, fixup, tile_elems, acc_bytes, out_bytes)
         workspace, zeroed = need.workspace_bytes, need.zeroed_bytes
     predicted = None
     if slots is not None:
@@ -192,8 +189,8 @@ def _explanation(
     block: str | None = None,
     occupancy: dict | None = None,
 ) -> Explanation:
-    if fixup not in FIXUPS:
-        raise ExplainError(f"fixup must be one of {list(FIXUPS)}, found {fixup!r}")
+    if fixup not in fixup_registry.names():
+        raise ExplainError(f"fixup must be one of {list(fixup_registry.names())}, found {fixup!r}")
     for name, value in (("accumulator_bytes", acc_bytes), ("output_bytes", out_bytes)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ExplainError(f"{name} must be a positive int, found {value!r}")
@@ -240,7 +237,7 @@ def _occupancy_of(mod: tvm.IRModule, target) -> dict:
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
     try:
         _, kernel = resources.resident_blocks(mod, target, "tvm_streamk")
-        _, dp = resources.resident_blocks(ann.without_decisions(mod), target, "tvm_streamk")
+        _, dp = resources.resident_blocks(record.without_decisions(mod), target, "tvm_streamk")
     except (ValueError, ptxas.PtxasError) as err:
         raise ExplainError(f"cannot count resident blocks for target {target}: {err}") from None
     return {"kernel": kernel, "data_parallel": dp}
@@ -262,7 +259,7 @@ def _from_kernel(
         (name, func, b.name_hint)
         for name, func in _functions(obj)
         for b in blocks_under(func.body)
-        if ann.has_decision(b.annotations)
+        if record.has_decision(b.annotations)
     ]
     if block is not None:
         annotated = [a for a in annotated if a[2] == block]
@@ -279,17 +276,17 @@ def _from_kernel(
         )
     func_name, func, block_name = annotated[0]
     site = analyze(func, block_name)
-    decision = ann.decode(site.block.annotations, block_name)
+    decision = record.decode(site.block.annotations, block_name)
     if fixup is not None and fixup != decision.fixup:
         raise ExplainError(
             f"block {block_name!r} records fixup={decision.fixup!r}, found fixup={fixup!r}; drop "
             "fixup= for a kernel"
         )
-    if decision.num_sms in (ann.DEVICE_SMS, ann.TARGET_SMS):
+    if decision.num_sms in (record.DEVICE_SMS, record.TARGET_SMS):
         if num_sms is None:
             when = (
                 "on the device at run time"
-                if decision.num_sms == ann.DEVICE_SMS
+                if decision.num_sms == record.DEVICE_SMS
                 else "from the target it is compiled for"
             )
             raise ExplainError(
@@ -316,7 +313,7 @@ def _from_kernel(
             f"({site.tile_count}); pass sizes= (its shape variables by name, e.g. "
             "sizes={'m': 100}) to explain it at one size"
         )
-    p = plan_for(site, decision, sizes=sizes)
+    p = resolve(site, decision, sizes=sizes)
     reason = "recorded on the block by tvm_streamk.stream_k"
     if site.runtime_tiles:
         reason += f" for a run-time tile count, here {p.tiles} at {sizes}"

@@ -9,9 +9,11 @@ one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
+from ._compat import target_arch, target_tag
 from .decomposition.ops import DecompositionError, positive_int
 
 __all__ = [
@@ -19,6 +21,7 @@ __all__ = [
     "SM_COUNT_BY_TAG",
     "UnknownGPUError",
     "num_sms_for_target",
+    "register_compute_units",
     "resolve_num_sms",
 ]
 
@@ -77,6 +80,17 @@ SM_COUNT_BY_ARCH = MappingProxyType(
     }
 )
 """SM count by CUDA arch, only where the arch determines it."""
+
+
+# Target kind -> the compute units of the device a build of that kind runs on here (the OpenCL
+# CPU executor registers its own: tvm_streamk/__init__.py wires it, so nothing here imports it).
+_COMPUTE_UNITS: dict[str, Callable[[], int]] = {}
+
+
+def register_compute_units(kind: str, provider: Callable[[], int]) -> None:
+    """Make ``provider()`` the compute-unit count of targets of ``kind`` for
+    :func:`num_sms_for_target` (``opencl_compute_units=True``)."""
+    _COMPUTE_UNITS[kind] = provider
 
 
 def _check_positive(num_sms: Any) -> int:
@@ -153,8 +167,9 @@ def num_sms_for_target(
     tag : str, optional
         The tag string the target was built from, when the caller still has it.
     opencl_compute_units : bool
-        For an OpenCL target, take the compute units of the OpenCL device the CPU proof runs on
-        (:func:`tvm_streamk.pocl.compute_units`): what the lowering and tuning for PoCL do.
+        For a target kind with a registered compute-unit count (:func:`register_compute_units`:
+        OpenCL, the device the CPU proof runs on), take it: what the lowering and tuning for
+        PoCL do.
 
     Raises
     ------
@@ -163,11 +178,8 @@ def num_sms_for_target(
     """
     if num_sms is not None or target is None:
         return resolve_num_sms(num_sms, tag=tag)
-    if opencl_compute_units and target.kind.name == "opencl":
-        from .pocl import compute_units
-
-        return compute_units()
-    from ._compat import target_arch, target_tag
+    if opencl_compute_units and target.kind.name in _COMPUTE_UNITS:
+        return _COMPUTE_UNITS[target.kind.name]()
 
     arch = target_arch(target)
     try:

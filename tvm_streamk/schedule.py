@@ -2,51 +2,21 @@
 
 from __future__ import annotations
 
+import functools
+
 import tvm
 
-from . import annotations as ann
-from . import cost_model, decomposition, gpus, occupancy, ptxas, resources
+from . import decomposition, occupancy, ptxas, resources
 from ._compat import Schedule, target_arch
 from .analysis import StreamKSite, analyze_block, sblock_rv
-from .decomposition import policy as policies
+from .decision import Request, decide, record, validate
 from .errors import StreamKError
-from .legality import (
-    check_fragment_plan,
-    check_group,
-    check_one_panel_loop,
-    check_ragged,
-    check_runtime_grid,
-    check_runtime_tiles,
-)
-from .run_time_choice import StreamKOrDataParallel, describe, stream_k_buckets
-from .transform import fixup as fixups
-from .transform.fixup_atomic import atomic_dtype_error
-from .transform.lower_stream_k import check_fixup
-
-# Accumulator dtypes whose atomic merge is exact (int) or as accurate as the serial sum (fp32/64).
-EXACT_ENOUGH_FOR_ATOMICS = ("float32", "float64", "int32")
 
 
 def _resolve_target(target) -> tvm.target.Target | None:
     if target is None:
         return tvm.target.Target.current(allow_none=True)
     return target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
-
-
-def _resolve_num_sms(num_sms, target: tvm.target.Target | None, deferrable: bool) -> int | None:
-    """The SM count to plan for now, or None to leave it to the compile target.
-
-    With no count and no target in tables, a decision whose policy does not need the count to
-    choose is recorded for the target it will be compiled for (:data:`annotations.TARGET_SMS`):
-    a CUDA tag of the table, or the OpenCL device's compute units.
-    """
-    try:
-        return gpus.num_sms_for_target(num_sms, target)
-    except ValueError as err:
-        unknown_cuda = target is not None and target.kind.name != "opencl"
-        if num_sms is None and deferrable and not unknown_cuda:
-            return None
-        raise StreamKError("num-sms", str(err), "Pass num_sms=<the GPU's SM count>.") from None
 
 
 def stream_k(
@@ -159,110 +129,102 @@ def stream_k(
     iterations one tile segment at a time, plus a prologue kernel zeroing the split tiles (see
     ``tests/test_lower_structural.py`` for a complete expected IR).
     """
+    request = Request(
+        num_sms=num_sms,
+        blocks_per_sm=blocks_per_sm,
+        fixup=fixup,
+        deterministic=deterministic,
+        policy=policy,
+        splits=splits,
+        variant=variant,
+        group=group,
+    )
+    validate(request)
     block_rv = sblock_rv(sch, block)
-    if fixup != "auto" and fixup not in fixups.names():
-        raise StreamKError("fixup", f"fixup={fixup!r}", f"Use one of {['auto', *fixups.names()]}.")
-    if deterministic and fixup != "auto" and not fixups.get(fixup).deterministic:
-        raise StreamKError(
-            "fixup",
-            f"deterministic=True with fixup={fixup!r}",
-            "Its merges depend on arrival order; use fixup='workspace' or 'auto'.",
-        )
-    if group is not None and (not isinstance(group, int) or group < 1):
-        raise StreamKError("group", f"group={group!r}", "Pass a positive int, or None.")
     target = _resolve_target(target)
-    # Everything is checked before the schedule changes: a refused call leaves it as it was.
+    # Step 1. Check: analyse the kernel as the decision will see it and decide. Nothing changes
+    # the schedule before every precondition holds: a refused call leaves it as it was.
+    site, fuse = _site(sch, block_rv)
+    if blocks_per_sm is not None:
+        decision, chosen = decide(site, request, target, blocks_per_sm)
+    else:
+        decision, chosen = _decide_for_occupancy(sch, block_rv, fuse, site, request, target)
+    # Step 2. Mutate: fuse the panel loops, decompose the reduction, record the decision.
+    _record(sch, block_rv, site, fuse, decision)
+    return chosen
+
+
+def _site(sch: Schedule, block_rv) -> tuple[StreamKSite, list]:
+    """The site the decision applies to, and the loops to fuse into one K-panel loop first
+    (several nested loops over reduction axes, ``rh, rw, rc_0``; [] when there is one)."""
     site = _analyze(sch, block_rv)
-    # Several nested loops over reduction axes (rh, rw, rc_0) become one K-panel loop.
     fuse = _panel_chain_rvs(sch, block_rv, site)
     if fuse:
         trial = sch.copy()
         trial.fuse(*fuse)
         site = _analyze(trial, block_rv)
-    check_one_panel_loop(site)
-    if fixup == "auto":
-        fixup = "workspace" if deterministic else _auto_fixup(site, target)
-    check_fixup(site, fixup, target)
-    check_group(group, site.band_extents)
-    check_ragged(site, policy)
-    check_runtime_tiles(site, policy, group)
-    device_mode = num_sms == "device"
-    recorded_sms = None
-    if device_mode:
-        check_runtime_grid(policy, site.fragment_accumulator)
-        recorded_sms = ann.DEVICE_SMS
-    else:
-        # A chooser, and the aligned split of fragments, need the count to choose.
-        deferrable = policies.chooser(policy) is None and not site.fragment_accumulator
-        sms = _resolve_num_sms(num_sms, target, deferrable)
-        if sms is None:
-            recorded_sms = ann.TARGET_SMS
-    if recorded_sms is not None:
-        # Plan for one SM: the lowering evaluates the same closed forms on the run-time grid,
-        # or plans again for the compile target's count.
-        sms = 1
+    return site, fuse
 
-    def choose(bps: int, dp=None) -> decomposition.Plan:
-        """The plan for ``bps`` resident blocks; ``dp`` is the data-parallel kernel's
-        occupancy when known."""
-        dp_bps = None if dp is None else dp.blocks
-        busy = None if dp is None else cost_model.saturation(dp.warps_per_block, dp.blocks)
-        try:
-            if site.runtime_tiles:
-                return _run_time_plan(site, sms, bps, policy, device_mode, fixup)
-            if site.fragment_accumulator:
-                return _aligned_plan(site, sms, bps, policy, splits, dp_bps, busy)
-            return decomposition.plan(
-                site.tiles,
-                site.panels,
-                sms,
-                blocks_per_sm=bps,
-                policy=policy,
-                splits=splits,
-                variant=variant,
-                fixup=fixup,
-                dp_blocks_per_sm=dp_bps,
-                saturation=busy,
+
+def _record(on: Schedule, block_rv, site: StreamKSite, fuse: list, decision) -> None:
+    """Fuse the panel chain, decompose the reduction at the panel loop and record ``decision``
+    on the block (replacing an earlier one)."""
+    panel_rv = on.fuse(*fuse) if fuse else None
+    if site.has_init and on.get(block_rv).init is not None:
+        # The persistent kernel re-initialises the accumulator per segment, before its panels.
+        on.decompose_reduction(block_rv, panel_rv or _panel_loop_rv(on, block_rv, site))
+    # TVM's annotate keeps an existing key's value, so the old keys are removed first; the
+    # trace records both steps and replays to the same.
+    existing = on.get(block_rv).annotations
+    for key in record.KEYS:
+        if key in existing:
+            on.unannotate(block_rv, key)
+    for key, value in decision.as_annotations().items():
+        on.annotate(block_rv, key, value)
+
+
+def _decide_for_occupancy(sch: Schedule, block_rv, fuse, site, request, target):
+    """``(decision, plan)`` for the resident blocks per SM of the kernel being built.
+
+    The data-parallel kernel as scheduled is built and read by ptxas first; the decision made
+    for its occupancy is then built as the Stream-K kernel on a copy of the schedule, and when
+    that kernel holds a different number of blocks per SM the decision is made again for it,
+    as CUTLASS sizes its persistent grid by the occupancy of the kernel it launches. Without a
+    CUDA target, an arch with known limits or nvcc: one block per SM, and the plan says why.
+    """
+    why = _no_occupancy(target)
+    if why is not None:
+        decision, chosen = decide(site, request, target, 1)
+        return decision, chosen.with_reason(f"{chosen.reason}; 1 block/SM ({why})")
+    try:
+        _, dp = resources.resident_blocks(record.without_decisions(sch.mod), target, "tvm_streamk")
+        if dp.blocks < 1:
+            raise StreamKError(
+                "occupancy",
+                f"the data-parallel kernel does not fit one SM ({dp.by_limit} blocks by limit)",
+                "Use smaller tiles or fewer threads per block, or pass blocks_per_sm.",
             )
-        except ValueError as err:
-            raise StreamKError("decomposition", str(err), "Fix the policy arguments.") from None
-
-    def record(on: Schedule, chosen: decomposition.Plan, bps: int) -> None:
-        panel_rv = on.fuse(*fuse) if fuse else None
-        if site.has_init and on.get(block_rv).init is not None:
-            # The persistent kernel re-initialises the accumulator per segment, before its panels.
-            on.decompose_reduction(block_rv, panel_rv or _panel_loop_rv(on, block_rv, site))
-        decision = ann.Decision(
-            policy=chosen.policy,
-            variant=chosen.variant,
-            num_sms=sms if recorded_sms is None else recorded_sms,
-            blocks_per_sm=bps,
-            splits=chosen.splits,
-            fixup=fixup,
-            group=group or 0,
-        )
-        # A second call replaces the first decision (TVM's annotate keeps an existing key's
-        # value, so the old keys are removed first; the trace records both steps and replays to
-        # the same).
-        existing = on.get(block_rv).annotations
-        for key in ann.KEYS:
-            if key in existing:
-                on.unannotate(block_rv, key)
-        for key, value in decision.as_annotations().items():
-            on.annotate(block_rv, key, value)
-
-    if blocks_per_sm is not None:
-        bps, chosen, note = blocks_per_sm, choose(blocks_per_sm), None
-    else:
-        bps, chosen, note = _occupancy_plan(sch, target, choose, record)
-    if recorded_sms is not None:
-        when = "the run-time grid" if device_mode else "the compile target's SM count"
-        also = f"{chosen.reason}; " if site.runtime_tiles else ""
-        chosen = chosen.with_reason(f"{also}planned for one SM: the kernel uses {when}")
-    if note:
-        chosen = chosen.with_reason(f"{chosen.reason}; {note}")
-    record(sch, chosen, bps)
-    return chosen
+        occupancy_of_dp = {"dp_blocks_per_sm": dp.blocks, "warps_per_block": dp.warps_per_block}
+        decision, chosen = decide(site, request, target, dp.blocks, **occupancy_of_dp)
+        trial = sch.copy()
+        _record(trial, block_rv, site, fuse, decision)
+        _, built = resources.resident_blocks(trial.mod, target, "tvm_streamk")
+    except StreamKError:
+        raise
+    except Exception as err:  # noqa: BLE001 - TVM and nvcc fail with assorted exception types
+        # A kernel that does not build here still gets a decision: one block per SM, and why.
+        first = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
+        decision, chosen = decide(site, request, target, 1)
+        note = f"1 block/SM (the kernel did not build for its occupancy: {first})"
+        return decision, chosen.with_reason(f"{chosen.reason}; {note}")
+    bps = built.blocks if built.blocks >= 1 else dp.blocks
+    if bps != dp.blocks:
+        decision, chosen = decide(site, request, target, bps, **occupancy_of_dp)
+    note = (
+        f"{bps} resident block(s)/SM of the built kernel ({built.limiter} limit; data-parallel "
+        f"kernel {dp.blocks})"
+    )
+    return decision, chosen.with_reason(f"{chosen.reason}; {note}")
 
 
 def _no_occupancy(target: tvm.target.Target | None) -> str | None:
@@ -279,113 +241,6 @@ def _no_occupancy(target: tvm.target.Target | None) -> str | None:
     if not ptxas.available():
         return "no nvcc on PATH to count the kernel's registers"
     return None
-
-
-def _occupancy_plan(sch: Schedule, target, choose, record):
-    """``(blocks_per_sm, plan, note)`` for the kernel's resident blocks per SM.
-
-    The data-parallel kernel as scheduled is built and read by ptxas first; the plan made for
-    its occupancy is then built as the Stream-K kernel on a copy of the schedule, and when that
-    kernel holds a different number of blocks per SM the plan is made again for it, as CUTLASS
-    sizes its persistent grid by the occupancy of the kernel it launches.
-    """
-    why = _no_occupancy(target)
-    if why is not None:
-        return 1, choose(1), f"1 block/SM ({why})"
-    try:
-        _, dp = resources.resident_blocks(ann.without_decisions(sch.mod), target, "tvm_streamk")
-        if dp.blocks < 1:
-            raise StreamKError(
-                "occupancy",
-                f"the data-parallel kernel does not fit one SM ({dp.by_limit} blocks by limit)",
-                "Use smaller tiles or fewer threads per block, or pass blocks_per_sm.",
-            )
-        chosen = choose(dp.blocks, dp)
-        trial = sch.copy()
-        record(trial, chosen, dp.blocks)
-        _, built = resources.resident_blocks(trial.mod, target, "tvm_streamk")
-    except StreamKError:
-        raise
-    except Exception as err:  # noqa: BLE001 - TVM and nvcc fail with assorted exception types
-        # A kernel that does not build here still gets a decision: one block per SM, and why.
-        first = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
-        return 1, choose(1), f"1 block/SM (the kernel did not build for its occupancy: {first})"
-    bps = built.blocks if built.blocks >= 1 else dp.blocks
-    if bps != dp.blocks:
-        chosen = choose(bps, dp)
-    note = (
-        f"{bps} resident block(s)/SM of the built kernel ({built.limiter} limit; data-parallel "
-        f"kernel {dp.blocks})"
-    )
-    return bps, chosen, note
-
-
-def _aligned_plan(
-    site: StreamKSite, sms: int, blocks_per_sm: int, policy: str, splits, dp_bps=None, busy=None
-) -> decomposition.Plan:
-    """The plan a tensor-core fragment accumulator allows (see
-    :func:`tvm_streamk.legality.check_fragment_plan`).
-
-    An explicit policy is checked as it is; ``stream_k``/``heuristic`` choose the aligned split
-    ``S`` (a divisor of the panel count, 1 being data-parallel) with the cost model.
-    """
-    panels = site.panels
-    if policy not in ("stream_k", "heuristic"):
-        chosen = decomposition.plan(site.tiles, panels, sms, blocks_per_sm, policy, splits=splits)
-        check_fragment_plan(chosen, site.fragment_accumulator)
-        return chosen
-    divisors = [d for d in range(1, panels + 1) if panels % d == 0]
-    dp_bps = blocks_per_sm if dp_bps is None else dp_bps
-    candidates = [decomposition.plan(site.tiles, panels, sms, dp_bps, "data_parallel")]
-    candidates += [
-        decomposition.plan(site.tiles, panels, sms, blocks_per_sm, "split_k", d)
-        for d in divisors[1:]
-    ]
-    times = [cost_model.predicted_time(c, sms, saturation=busy) for c in candidates]
-    best = min(range(len(candidates)), key=lambda i: (times[i], i))
-    return candidates[best]
-
-
-def _run_time_plan(site: StreamKSite, sms: int, bps: int, policy: str, device_mode, fixup):
-    """The plan of a run-time tile count: ``heuristic`` becomes Stream-K or data-parallel
-    chosen per tile count when the kernel runs (:mod:`tvm_streamk.run_time_choice`), or
-    data-parallel for a tensor-core fragment (whose splits are fixed at compile time)."""
-    if site.ragged is not None and policy != "data_parallel":
-        chosen = decomposition.plan_at_run_time(
-            site.tile_count, site.panels, sms, bps, "stream_k", runtime_sms=device_mode
-        )
-        return chosen.with_reason(
-            "Stream-K over the grouped GEMM's tiles: their count is known only on the device, "
-            "so the grid is the persistent one and the kernel reads the count from the group "
-            "offsets (the kernel as written launches a tile per group for the largest group's "
-            "every row tile)"
-        )
-    if policy != "heuristic":
-        return decomposition.plan_at_run_time(
-            site.tile_count, site.panels, sms, bps, policy, runtime_sms=device_mode
-        )
-    if site.fragment_accumulator:
-        chosen = decomposition.plan_at_run_time(
-            site.tile_count, site.panels, sms, bps, "data_parallel"
-        )
-        return chosen.with_reason(
-            "data-parallel: a tensor-core fragment takes only splits fixed at compile time, and "
-            "the tile count is known only at run time"
-        )
-    chosen = decomposition.plan_at_run_time(
-        site.tile_count, site.panels, sms, bps, "stream_k", variant=StreamKOrDataParallel.variant
-    )
-    return chosen.with_reason(describe(stream_k_buckets(site.panels, sms, bps, fixup)))
-
-
-def _auto_fixup(site: StreamKSite, target) -> str:
-    atomic_ok = (
-        not site.epilogue
-        and not site.fragment_accumulator
-        and site.accumulator_dtype in EXACT_ENOUGH_FOR_ATOMICS
-        and (target is None or atomic_dtype_error(site.accumulator_dtype, target) is None)
-    )
-    return "atomic" if atomic_ok else "workspace"
 
 
 def _analyze(sch: Schedule, block_rv) -> StreamKSite:
@@ -411,9 +266,10 @@ def _panel_loop_rv(sch: Schedule, block_rv, site: StreamKSite):
     raise AssertionError("the analysed panel loop is not an ancestor of its block")
 
 
+@functools.wraps(stream_k)
 def _method(self: Schedule, block, **kwargs) -> decomposition.Plan:
     return stream_k(self, block, **kwargs)
 
 
-_method.__doc__ = stream_k.__doc__
+# help(sch.stream_k) shows stream_k's keywords and docstring (functools.wraps).
 Schedule.stream_k = _method

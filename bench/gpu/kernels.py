@@ -24,11 +24,10 @@ from pathlib import Path
 import tvm
 
 import tvm_streamk
-from tvm_streamk import annotations as ann
 from tvm_streamk import cost_model, decomposition, occupancy, ptxas, resources, workloads
+from tvm_streamk import decision as decisions
 from tvm_streamk._compat import Schedule, dlight, dlight_cuda_target
 from tvm_streamk.analysis import first_site
-from tvm_streamk.transform.lower_stream_k import plan_for
 
 TARGET = "nvidia/nvidia-h100"
 NUM_SMS = 132
@@ -190,9 +189,9 @@ def _plan_record(p: decomposition.Plan) -> dict:
 
 def _fixup_of(sch: Schedule, block: str) -> str | None:
     annotations = sch.get(sch.get_sblock(block)).annotations
-    if not ann.has_decision(annotations):
+    if not decisions.has_decision(annotations):
         return None
-    return ann.decode(annotations, block).fixup
+    return decisions.decode(annotations, block).fixup
 
 
 def _record(
@@ -314,7 +313,7 @@ def build_dynamic(variant: Variant, n: int, k: int, run_ms, target=TARGET, num_s
     if variant.decision is not None:
         tvm_streamk.stream_k(sch, block, target=target, num_sms=num_sms, **variant.decision)
         fixup = _fixup_of(sch, block)
-        decision = ann.decode(sch.get(sch.get_sblock(block)).annotations, block)
+        decision = decisions.decode(sch.get(sch.get_sblock(block)).annotations, block)
     lib = tvm.compile(sch.mod, target=target, tir_pipeline="tvm_streamk")
     source = lib.mod.imports[0].inspect_source()
     arch = str(target.attrs["arch"])
@@ -324,7 +323,7 @@ def build_dynamic(variant: Variant, n: int, k: int, run_ms, target=TARGET, num_s
     for m in run_ms:
         tiles = site.tiles_at({"m": m})
         dp_plan = decomposition.plan(tiles, site.panels, num_sms, dp_bps, "data_parallel")
-        p = dp_plan if decision is None else plan_for(site, decision, target, {"m": m})
+        p = dp_plan if decision is None else decisions.resolve(site, decision, target, {"m": m})
         args = [
             {
                 "name": buf.name,

@@ -12,7 +12,6 @@ from .calibration import calibrate
 from .heuristic import candidates, choose
 from .model import (
     DEFAULT_COST,
-    FIXUPS,
     CostModelError,
     CostParams,
     critical_features,
@@ -22,7 +21,6 @@ from .model import (
 
 __all__ = [
     "DEFAULT_COST",
-    "FIXUPS",
     "CostModelError",
     "CostParams",
     "calibrate",

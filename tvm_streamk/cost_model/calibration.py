@@ -46,7 +46,7 @@ def calibrate(
     rounds : int
         Most alternations.
     fixup : str
-        The fixup the measured kernels used, one of :data:`FIXUPS`.
+        The fix-up the measured kernels used (:mod:`tvm_streamk.fixup_registry`).
 
     Returns
     -------

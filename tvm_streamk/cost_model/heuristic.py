@@ -65,7 +65,7 @@ def choose(
     cost : CostParams, optional
         Constants of the model; :data:`DEFAULT_COST` when None.
     fixup : str
-        The fixup the kernel will use, one of :data:`FIXUPS`.
+        The fixup the kernel will use, a registered fix-up (:mod:`tvm_streamk.fixup_registry`).
     dp_blocks_per_sm : int, optional
         Resident blocks per SM of the data-parallel kernel (its occupancy); ``blocks_per_sm`` by
         default.

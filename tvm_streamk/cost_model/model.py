@@ -47,13 +47,13 @@ import heapq
 import math
 from dataclasses import dataclass
 
+from .. import fixup_registry
 from ..decomposition import Plan
 
 # Fixed-point passes of the scheduler; two suffice when all blocks are resident at once.
 _MAX_PASSES = 8
 
 FEATURES = ("c_iter", "c_seg", "c_fix", "c_block")
-FIXUPS = ("workspace", "atomic")
 
 
 class CostModelError(ValueError):
@@ -160,9 +160,12 @@ def _resident(p: Plan, num_sms: int | None, blocks_per_sm: int | None) -> tuple[
 
 
 def check_fixup(fixup: str) -> None:
-    """Raise :class:`CostModelError` unless ``fixup`` is one the model knows."""
-    if fixup not in FIXUPS:
-        raise CostModelError(f"fixup must be one of {FIXUPS}, found {fixup!r}")
+    """Raise :class:`CostModelError` unless ``fixup`` is a registered fix-up
+    (:mod:`tvm_streamk.fixup_registry`)."""
+    if fixup not in fixup_registry.names():
+        raise CostModelError(
+            f"fixup must be one of {list(fixup_registry.names())}, found {fixup!r}"
+        )
 
 
 def _block_steps(p: Plan, fixup: str) -> list[list[tuple[int, int, int]]]:
@@ -275,7 +278,7 @@ def critical_features(
     cost : CostParams
         Constants that decide which chain is critical.
     fixup : str
-        One of :data:`FIXUPS`.
+        A registered fix-up (:mod:`tvm_streamk.fixup_registry`).
     saturation : int, optional
         Resident blocks per SM that keep an SM busy (module docstring); the plan's own
         ``blocks_per_sm`` by default.
@@ -306,7 +309,7 @@ def predicted_time(
         Override the plan's; ``num_sms`` is required when the plan has none.
     cost : CostParams
     fixup : str
-        One of :data:`FIXUPS`: how split tiles are combined.
+        A registered fix-up: how split tiles are combined.
     saturation : int, optional
         Resident blocks per SM that keep an SM busy (module docstring); the plan's own
         ``blocks_per_sm`` by default.

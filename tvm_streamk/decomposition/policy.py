@@ -33,6 +33,7 @@ __all__ = [
     "by_code",
     "by_key",
     "chooser",
+    "choosers",
     "codes",
     "concrete",
     "get",
@@ -74,6 +75,10 @@ class Policy:
         Whether the closed forms hold for a grid read from the device at run time.
     is_original : bool
         Whether the tiled kernel as written already is this decomposition (nothing to lower).
+    aligned_for_fragments : bool
+        Whether, asked for a tensor-core fragment accumulator (which takes only aligned
+        splits), the policy becomes the aligned split the cost model picks instead of being
+        refused.
     """
 
     name: ClassVar[str] = ""
@@ -86,6 +91,7 @@ class Policy:
     persistent: ClassVar[bool] = False
     runtime_grid: ClassVar[bool] = False
     is_original: ClassVar[bool] = False
+    aligned_for_fragments: ClassVar[bool] = False
 
     @property
     def key(self) -> str:
@@ -231,6 +237,11 @@ def register_chooser(name: str, choose: Callable[..., Plan]) -> None:
 def chooser(name: str) -> Callable[..., Plan] | None:
     """The chooser registered under ``name``, or None."""
     return _CHOOSERS.get(name)
+
+
+def choosers() -> tuple[str, ...]:
+    """The names of the registered choosers."""
+    return tuple(_CHOOSERS)
 
 
 def names() -> tuple[str, ...]:

@@ -57,6 +57,7 @@ class StreamK(Policy):
     rank = 40
     persistent = True
     runtime_grid = True
+    aligned_for_fragments = True
 
     def grid_for(self, tiles, panels, slots, splits):
         return min(slots, tiles * panels)

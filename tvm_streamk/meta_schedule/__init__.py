@@ -1,6 +1,7 @@
 """MetaSchedule integration: Stream-K candidates in the design space, measured and modelled."""
 
-from .annotate import annotate_stream_k, applicable_fixups, check_decision, site_of
+from ..lowered_view import has_stream_k, lowered_view
+from .annotate import annotate_stream_k, applicable_fixups, site_of
 from .builder import build, export, stream_k_builder
 from .features import StreamKFeatureExtractor
 from .mutator import MutateStreamK, stream_k_decisions
@@ -16,7 +17,6 @@ from .tune import (
     space,
     tune,
 )
-from .view import has_stream_k, lowered_view
 
 __all__ = [
     "MutateStreamK",
@@ -28,7 +28,6 @@ __all__ = [
     "applicable_fixups",
     "best_schedule",
     "build",
-    "check_decision",
     "compile_tuned",
     "export",
     "has_stream_k",

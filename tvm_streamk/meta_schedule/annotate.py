@@ -16,20 +16,12 @@ import tvm
 from tvm import tirx
 from tvm.s_tir.schedule import ExprRV
 
-from .. import annotations as ann
-from .. import decomposition
+from .. import decomposition, fixup_registry
 from .._compat import Schedule
 from ..analysis import StreamKSite, analyze_block, sblock_rv
+from ..decision import check, record, rules
 from ..decomposition import policy as policies
 from ..errors import StreamKError
-from ..legality import (
-    check_fragment_plan,
-    check_group,
-    check_one_panel_loop,
-    check_runtime_grid,
-)
-from ..transform import fixup as fixups
-from ..transform.lower_stream_k import check_fixup, plan_for
 
 
 def policy_code(name: str) -> int:
@@ -49,14 +41,14 @@ def policy_code(name: str) -> int:
 
 
 def fixup_code(name: str) -> int:
-    """The annotation code of a registered fix-up (:mod:`tvm_streamk.transform.fixup`).
+    """The annotation code of a registered fix-up (:mod:`tvm_streamk.fixup_registry`).
 
     Examples
     --------
     >>> fixup_code("atomic")
     0
     """
-    return fixups.get(name).code
+    return fixup_registry.get(name).code
 
 
 def site_of(sch: Schedule, block) -> StreamKSite:
@@ -71,13 +63,13 @@ def site_of(sch: Schedule, block) -> StreamKSite:
 
 
 def applicable_fixups(site: StreamKSite, target: tvm.target.Target | None) -> tuple[str, ...]:
-    """The registered fix-ups (:mod:`tvm_streamk.transform.fixup`) whose own check accepts this
+    """The registered fix-ups (:mod:`tvm_streamk.fixup_registry`) whose own check accepts this
     site and target: a new fix-up becomes a tuning choice as soon as it is registered.
     """
     usable = []
-    for fixup in fixups.names():
+    for fixup in fixup_registry.names():
         try:
-            check_fixup(site, fixup, target)
+            rules.check_fixup(site, fixup, target)
         except StreamKError:
             continue
         usable.append(fixup)
@@ -121,11 +113,10 @@ def annotate_stream_k(
     (:class:`tvm_streamk.postproc.RewriteStreamKInit` does).
 
     Each knob is a plain value or an ``ExprRV`` from ``sch.sample_categorical`` whose candidates
-    are codes: ``policy`` codes of :data:`tvm_streamk.annotations.POLICY_CODES` (see
-    :func:`policy_code`), ``fixup`` codes of :data:`tvm_streamk.annotations.FIXUP_CODES` (see
-    :func:`fixup_code`), and plain ints for the others. The decision the knobs take now is
-    validated; a replay with other decisions is re-validated by
-    :class:`tvm_streamk.postproc.VerifyStreamK`.
+    are codes: policy codes (see :func:`policy_code`), fix-up codes (see :func:`fixup_code`),
+    and plain ints for the others. The decision the knobs take now is checked by
+    :func:`tvm_streamk.decision.check`, as the primitive and the lowering check theirs; a
+    replay with other decisions is checked again by :class:`tvm_streamk.postproc.VerifyStreamK`.
 
     Parameters
     ----------
@@ -142,8 +133,7 @@ def annotate_stream_k(
         As for :func:`tvm_streamk.stream_k`; ``splits`` is used by ``split_k`` only and
         ``group=0`` means row-major tile order.
     fixup : str, int or ExprRV
-        A name of :data:`tvm_streamk.annotations.FIXUP_CODES` (``"auto"`` is not one: the
-        choice is the tuner's), or a fix-up code.
+        A registered fix-up (``"auto"`` is not one: the choice is the tuner's), or its code.
     target : Target, optional
         Checks that the fix-up can be emitted for the target (atomics for the accumulator dtype).
 
@@ -178,7 +168,7 @@ def annotate_stream_k(
     if isinstance(target, str | dict):
         target = tvm.target.Target(target)
     site = site_of(sch, block_rv)
-    if ann.has_decision(site.block.annotations):
+    if record.has_decision(site.block.annotations):
         raise StreamKError(
             "reduction-block",
             f"block {site.block.name_hint!r} already carries a Stream-K decision",
@@ -186,58 +176,20 @@ def annotate_stream_k(
         )
     policy = policy_code(policy) if isinstance(policy, str) else policy
     fixup = fixup_code(fixup) if isinstance(fixup, str) else fixup
-    num_sms = ann.DEVICE_SMS if num_sms == "device" else num_sms
+    num_sms = record.DEVICE_SMS if num_sms == "device" else num_sms
     knobs = {
-        ann.KEY_POLICY: policy,
-        ann.KEY_NUM_SMS: num_sms,
-        ann.KEY_BLOCKS_PER_SM: blocks_per_sm,
-        ann.KEY_SPLITS: splits,
-        ann.KEY_FIXUP: fixup,
-        ann.KEY_GROUP: group,
+        record.KEY_POLICY: policy,
+        record.KEY_NUM_SMS: num_sms,
+        record.KEY_BLOCKS_PER_SM: blocks_per_sm,
+        record.KEY_SPLITS: splits,
+        record.KEY_FIXUP: fixup,
+        record.KEY_GROUP: group,
     }
     concrete = {key: tirx.IntImm("int32", _concrete(sch, value)) for key, value in knobs.items()}
-    chosen = check_decision(site, concrete, target)
+    chosen = check(site, record.decode(concrete, site.block.name_hint), target)
     for key, value in knobs.items():
         sch.annotate(block_rv, key, _recorded(value))
     return chosen
-
-
-def check_decision(site: StreamKSite, annotations, target) -> decomposition.Plan:
-    """The plan a decision recorded as ``annotations`` stands for on ``site``, or raise.
-
-    Checks what the lowering checks before it rewrites: known codes, a fix-up the site and
-    target can use, a plan in its domain, an aligned split for a tensor-core fragment
-    accumulator, and the restrictions of ``num_sms`` read at run time (``DEVICE_SMS``).
-
-    Raises
-    ------
-    StreamKError
-        When the decision cannot be lowered for this site (``splits`` above the panel count
-        after a tile-size mutation, say).
-    """
-    where = site.block.name_hint
-    decision = ann.decision_of(annotations, where)
-    if decision.num_sms < ann.TARGET_SMS or decision.group < 0:
-        raise StreamKError(
-            "decision",
-            f"num_sms={decision.num_sms}, group={decision.group} on block {where!r}",
-            "Record a positive SM count (or DEVICE_SMS, TARGET_SMS) and a group >= 0.",
-        )
-    check_fixup(site, decision.fixup, target)
-    check_one_panel_loop(site, where)
-    try:
-        plan = plan_for(site, decision, target)
-    except ValueError as err:
-        raise StreamKError(
-            "decomposition",
-            f"{err} (block {where!r}: {site.tiles} tiles of {site.panels} panels)",
-            "Sample knobs valid for the tiling.",
-        ) from None
-    check_fragment_plan(plan, site.fragment_accumulator, where)
-    check_group(decision.group, site.band_extents, where)
-    if decision.num_sms == ann.DEVICE_SMS:
-        check_runtime_grid(plan.policy, site.fragment_accumulator, where)
-    return plan
 
 
 def without_stream_k(mod: tvm.IRModule) -> tvm.IRModule:
@@ -248,4 +200,4 @@ def without_stream_k(mod: tvm.IRModule) -> tvm.IRModule:
     >>> has_stream_k(without_stream_k(sch.mod))
     False
     """
-    return ann.without_decisions(mod)
+    return record.without_decisions(mod)

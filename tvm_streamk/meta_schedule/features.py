@@ -6,7 +6,7 @@ import tvm
 from tvm.ir.utils import derived_object
 
 from .._compat import Schedule, meta_schedule, structural_map
-from .view import has_stream_k, lowered_view
+from ..lowered_view import has_stream_k, lowered_view
 
 
 def _without_select(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
@@ -61,7 +61,7 @@ class StreamKFeatureExtractor(meta_schedule.feature_extractor.PyFeatureExtractor
     rewrites the kernel, so the stock extractor would see a Stream-K candidate and its
     data-parallel twin as the same program and the cost model could not learn which is faster.
     This extractor hands ``PerStoreFeature`` the lowered kernel instead
-    (:func:`~tvm_streamk.meta_schedule.view.lowered_view`): the persistent ``blockIdx.x`` grid,
+    (:func:`~tvm_streamk.lowered_view.lowered_view`): the persistent ``blockIdx.x`` grid,
     the unit and segment loops with their index arithmetic, the fix-up's stores, atomics and
     workspace, and the prologue kernels all show up in the loop-nest, arithmetic and buffer
     features. The lowering happens here rather than in a postproc because a postproc can change

@@ -7,15 +7,15 @@ import random
 from tvm.ir.utils import derived_object
 from tvm.s_tir.schedule import Trace
 
-from .. import annotations as ann
 from .._compat import meta_schedule
+from ..decision import record
 
 
 def stream_k_decisions(trace: Trace) -> list:
     """The ``SampleCategorical`` instructions of ``trace`` that feed a Stream-K annotation.
 
     Found the way the stock ``MutateUnroll`` finds its knobs: an ``Annotate`` instruction whose
-    key is one of :data:`tvm_streamk.annotations.KEYS` and whose value is the output of a
+    key is one of :data:`tvm_streamk.decision.KEYS` and whose value is the output of a
     ``SampleCategorical`` instruction. Instructions with a single candidate are left out: they
     have nothing to mutate to.
 
@@ -33,7 +33,7 @@ def stream_k_decisions(trace: Trace) -> list:
         kind = inst.kind.name
         if kind == "SampleCategorical":
             samplers[inst.outputs[0]] = inst
-        elif kind == "Annotate" and str(inst.attrs[0]) in ann.KEYS:
+        elif kind == "Annotate" and str(inst.attrs[0]) in record.KEYS:
             sampler = samplers.get(inst.inputs[1])
             if sampler is not None and len(sampler.attrs[0]) > 1 and sampler not in found:
                 found.append(sampler)

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import tvm
 from tvm.ir.utils import derived_object
 
-from .. import annotations as ann
 from .. import gpus
 from .._compat import Schedule, meta_schedule
 from ..analysis import StreamKSite, blockized_parent, find_block_path, function_of, sblock_rv
+from ..decision import record
 from ..decomposition.policy import by_key
 from ..errors import StreamKError
 from .annotate import (
@@ -139,7 +139,7 @@ class StreamKRule(meta_schedule.schedule_rule.PyScheduleRule):
         if found is None:
             return [sch]
         block_name, site = found
-        if ann.has_decision(site.block.annotations):
+        if record.has_decision(site.block.annotations):
             return [sch]
         fixups = applicable_fixups(site, self.target)
         if self.knobs.fixups is not None:
@@ -149,7 +149,7 @@ class StreamKRule(meta_schedule.schedule_rule.PyScheduleRule):
         policies = [p for p in self.knobs.policies if not takes_splits[p] or splits]
         if site.fragment_accumulator:
             # Tensor-core fragments have no addressable elements: only splits of whole,
-            # equal panel ranges can be merged (tvm_streamk.legality.check_fragment_plan).
+            # equal panel ranges can be merged (tvm_streamk.decision.rules.check_fragment_plan).
             splits = [s for s in splits if site.panels % s == 0]
             policies = [p for p in policies if takes_splits[p]] if splits else []
         if not fixups or not policies:

@@ -83,7 +83,7 @@ def measure(
     from tvm_streamk import pocl
     from tvm_streamk.pipeline import NAME
 
-    from .view import has_stream_k
+    from ..lowered_view import has_stream_k
 
     with open(ir_path(artifact_path)) as f:
         mod = tvm.ir.load_json(f.read())

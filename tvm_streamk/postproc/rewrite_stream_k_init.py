@@ -5,9 +5,9 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.ir.utils import derived_object
 
-from .. import annotations as ann
 from .._compat import Schedule, meta_schedule
 from ..analysis import blocks_under, is_reduction
+from ..decision import record
 
 
 @derived_object
@@ -44,9 +44,9 @@ class RewriteStreamKInit(meta_schedule.postproc.PyPostproc):
             if not isinstance(func, tirx.PrimFunc):
                 continue
             for block in blocks_under(func.body):
-                if ann.has_decision(block.annotations) and not is_reduction(block):
+                if record.has_decision(block.annotations) and not is_reduction(block):
                     block_rv = sch.get_sblock(block.name_hint, func_name=gv.name_hint)
-                    for key in ann.KEYS:
+                    for key in record.KEYS:
                         if key in block.annotations:
                             sch.unannotate(block_rv, key)
         return True

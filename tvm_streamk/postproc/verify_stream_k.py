@@ -5,12 +5,11 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.ir.utils import derived_object
 
-from .. import annotations as ann
 from .._compat import Schedule, meta_schedule
 from ..analysis import analyze, blocks_under
+from ..decision import check, record
 from ..errors import StreamKError
-from ..meta_schedule.annotate import check_decision
-from ..meta_schedule.view import lowered_view
+from ..lowered_view import lowered_view
 from ..pipeline import with_safe_reuse
 
 
@@ -22,9 +21,9 @@ class VerifyStreamK(meta_schedule.postproc.PyPostproc):
     ``RewriteReductionBlock``, ``VerifyGPUCode`` on the data-parallel form) and
     :class:`RewriteStreamKInit` have shaped the final kernel. For each annotated block it re-runs
     :func:`tvm_streamk.analysis.analyze`, requires the reduction to be decomposed (the rewrite
-    restarts the panel loop mid-tile, where ``T.init`` would not fire), and re-checks the
-    decision for the tiling (a tile-size mutation can leave ``splits`` above the panel count)
-    and the fix-up for the target. It then lowers the decisions with
+    restarts the panel loop mid-tile, where ``T.init`` would not fire), and checks the decision
+    with :func:`tvm_streamk.decision.check`, as the primitive and the lowering do (a tile-size
+    mutation can leave ``splits`` above the panel count). It then lowers the decisions with
     :class:`~tvm_streamk.transform.LowerStreamK` and runs MetaSchedule's own ``VerifyGPUCode``
     on the result: the rewritten kernel must meet the target's shared-memory, thread and vector
     limits too (buffer compaction can fail to tighten a buffer whose indices the persistent walk
@@ -53,14 +52,14 @@ class VerifyStreamK(meta_schedule.postproc.PyPostproc):
             if not isinstance(func, tirx.PrimFunc):
                 continue
             for block in blocks_under(func.body):
-                if not ann.has_decision(block.annotations):
+                if not record.has_decision(block.annotations):
                     continue
                 annotated = True
                 try:
                     site = analyze(func, block.name_hint)
                     if site.has_init:
                         return False
-                    check_decision(site, block.annotations, self.target)
+                    check(site, record.decode(block.annotations, block.name_hint), self.target)
                 except StreamKError:
                     return False
         if not annotated:

@@ -102,23 +102,6 @@ def seq(stmts: list) -> tirx.Stmt:
     return flat[0] if len(flat) == 1 else tirx.SeqStmt(flat)
 
 
-def replace_block(block: SBlock, **changes) -> SBlock:
-    """A copy of ``block`` with some fields replaced."""
-    fields = {
-        "iter_vars": block.iter_vars,
-        "reads": block.reads,
-        "writes": block.writes,
-        "name_hint": block.name_hint,
-        "body": block.body,
-        "init": block.init,
-        "alloc_buffers": block.alloc_buffers,
-        "match_buffers": block.match_buffers,
-        "annotations": block.annotations,
-    }
-    fields.update(changes)
-    return SBlock(**fields)
-
-
 def with_body(loop: tirx.For, body: tirx.Stmt, kind: tirx.ForKind | None = None) -> tirx.For:
     """``loop`` around ``body`` (and of ``kind`` when given), everything else kept."""
     return tirx.For(
@@ -321,7 +304,7 @@ def coordinates(band: tuple[tirx.For, ...], tile, group: int | None) -> list[tir
     if dynamic:
         # A run-time extent is walked slowest: the row-major order then divides by the
         # compile-time extents only (the outermost one, here a stand-in 1, is never a divisor),
-        # and no grouped order takes it (legality).
+        # and no grouped order takes it (tvm_streamk.decision.rules).
         order = dynamic + [i for i in range(len(extents)) if i not in dynamic]
         walked = decomposition.tile_order(
             tile, (1, *(int(extents[i]) for i in order[1:])), ops=TIR_OPS

@@ -15,7 +15,8 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
-from .._compat import SBlock, SBlockRealize, dtype_of, target_arch
+from .. import memory_model
+from .._compat import SBlock, SBlockRealize, dtype_of, replace_block
 from ..analysis import COND_ATOMIC, COND_EPILOGUE, StreamKSite
 from ..errors import StreamKError
 from . import fixup, tile_space
@@ -28,54 +29,14 @@ from ._ir import (
     int_imm,
     over_units,
     prune_to,
-    replace_block,
     segment_dtype,
     seq,
     var,
 )
 
-# Minimum CUDA compute capability of a native atomicAdd per dtype.
-CUDA_ATOMIC_MIN_ARCH = {"int32": 0, "float32": 0, "float64": 60, "float16": 70, "bfloat16": 80}
-OPENCL_ATOMIC_DTYPES = ("int32", "float32")
-
-
-def _cuda_arch(target: tvm.target.Target) -> int | None:
-    arch = target_arch(target) or ""
-    digits = "".join(ch for ch in arch.removeprefix("sm_") if ch.isdigit())
-    return int(digits[:2] if len(digits) >= 2 else digits) if digits else None
-
-
-def atomic_dtype_error(dtype: str, target: tvm.target.Target) -> str | None:
-    """Why ``target`` has no atomic add for ``dtype``, or None when it has one."""
-    kind = target.kind.name
-    if kind == "cuda":
-        need = CUDA_ATOMIC_MIN_ARCH.get(dtype)
-        arch = _cuda_arch(target)
-        if need is None:
-            return f"a {dtype} accumulator on CUDA, which has no atomicAdd for {dtype}"
-        if need and arch is not None and arch < need:
-            return (
-                f"a {dtype} accumulator on CUDA arch {target.attrs.get('arch')} "
-                f"(atomicAdd for {dtype} needs sm_{need} or newer)"
-            )
-        return None
-    if kind == "opencl":
-        if dtype not in OPENCL_ATOMIC_DTYPES:
-            return (
-                f"a {dtype} accumulator on OpenCL, which adds atomically only "
-                f"{list(OPENCL_ATOMIC_DTYPES)}"
-            )
-        return None
-    return f"target kind {kind!r}; the atomic fix-up is emitted for CUDA and OpenCL only"
-
-
-def atomic_add(target: tvm.target.Target, dtype: str, address, value) -> tirx.Expr:
-    """The target's atomic ``*address += value`` (returning the old value) as a TIR call."""
-    if target.kind.name == "cuda":
-        return tirx.call_extern(dtype, "atomicAdd", address, value)
-    # TVM's OpenCL codegen turns a float ``atomic_add`` into a compare-and-swap helper of its own;
-    # int32 maps to the native builtin.
-    return tirx.call_extern(dtype, "atomic_add", address, value)
+# Accumulator dtypes whose atomic merge is exact (int) or as accurate as the serial sum
+# (fp32/64): what fixup="auto" takes atomics for.
+EXACT_ENOUGH = ("float32", "float64", "int32")
 
 
 @fixup.register
@@ -84,6 +45,7 @@ class AtomicFixup(fixup.Fixup):
 
     name = "atomic"
     code = 0
+    auto_rank = 0
 
     @classmethod
     def check(cls, site: StreamKSite, target: tvm.target.Target | None) -> None:
@@ -107,13 +69,18 @@ class AtomicFixup(fixup.Fixup):
                 "Use the workspace fix-up (fixup='workspace').",
             )
         if target is not None:
-            reason = atomic_dtype_error(site.accumulator_dtype, target)
+            reason = memory_model.for_target(target).atomic_add_error(site.accumulator_dtype)
             if reason is not None:
                 raise StreamKError(
                     COND_ATOMIC,
                     reason,
                     "Use the workspace fix-up (fixup='workspace'), or accumulate in float32.",
                 )
+
+    @classmethod
+    def auto_ok(cls, site: StreamKSite, target) -> bool:
+        """Atomics where they are legal and exact enough: fp32, fp64 and int32 accumulators."""
+        return site.accumulator_dtype in EXACT_ENOUGH and super().auto_ok(site, target)
 
     @classmethod
     def footprint(cls, plan, tile_elems, acc_bytes, out_bytes, blocks):
@@ -130,7 +97,7 @@ class AtomicFixup(fixup.Fixup):
         store: tirx.BufferStore = block.body
         dtype = str(store.buffer.dtype)
         address = tirx.address_of(tirx.BufferLoad(store.buffer, store.indices))
-        merge = tirx.Evaluate(atomic_add(self.target, dtype, address, store.value))
+        merge = tirx.Evaluate(self.memory.atomic_add(dtype, address, store.value))
         return replace_block(block, body=tirx.IfThenElse(seg.full, store, merge))
 
     def prologue(self) -> tirx.Stmt | None:

@@ -46,26 +46,17 @@ the scheduling, and the counters, records and slots are this call's own. The rec
 and read by leaders only, so a block never reads another thread's global store through a barrier
 (OpenCL's orders local memory only).
 
-How far each target guarantees it. CUDA (CUTLASS's ``barrier.h`` protocol): ``__threadfence`` is
-a device-scope fence.sc, and PTX fences are cumulative: the stores other threads made before
-``__syncthreads`` are ordered by the leader's fence too, as are the reads they make after the
-second barrier by the leader's fence after its atomic; so only the leader fences, twice per
-partial segment. The reads of other blocks' partials and records use ``__ldcg``, which bypasses
-the non-coherent L1 that could hold a stale line from an earlier call. OpenCL 1.2 has no
-device-scope release/acquire and its ``mem_fence`` orders only the calling work-item's own
-accesses, so there every thread fences before the first barrier (partial segments) and after the
-second (the last arriver), and atomics are the only inter-work-group synchronisation it defines.
-So on OpenCL the counter is an atomic, the leader fences its peer record before it arrives and
-reads records with ``atomic_or(p, 0)``, and 32-bit partials (float32, int32 accumulators) are
-kept as int32 bit patterns (``as_int``) and read back the same way: an atomic read is served by
-the memory every work-group shares, never by a stale cache line. The partial stores stay plain
-stores followed by ``mem_fence`` and the barrier before the arrival: atomic stores would give
-Oclgrind's uninitialised-value checker false reports (it treats an atomic exchange on
-never-written memory as a use of its old value) and cost every GPU an atomic per element. Other
-accumulator dtypes (float16, float64) are read with plain loads. An OpenCL C 2.0
-``atomic_work_item_fence(..., memory_scope_device)`` would make the store side a guarantee too;
-it needs OpenCL C 2.0 and is not emitted. The barriers stand outside any condition (see
-:meth:`WorkspaceFixup.after_segment`).
+How far each target guarantees it is its memory model's to say (:mod:`tvm_streamk.memory_model`;
+``self.memory`` here, the only place the protocol meets the target). CUDA
+(:mod:`~tvm_streamk.memory_model.cuda`): fences are cumulative, so the leader's fence after the
+block barrier releases every thread's partial stores and its fence after the atomic acquires
+for every thread's reads after the second barrier (CUTLASS's ``barrier.h``); only the leader
+fences, twice per partial segment, and handed-off values are read with ``__ldcg``. OpenCL 1.2
+(:mod:`~tvm_streamk.memory_model.opencl`): ``mem_fence`` orders the calling work-item's own
+accesses only, so every thread fences before the first barrier (partial segments) and after
+the second (the last arriver), the leader fences its peer record before it arrives, and values
+handed off are read by atomics (32-bit partials travel as int32 bit patterns). The barriers
+stand outside any condition (:meth:`WorkspaceFixup.after_segment`).
 """
 
 from __future__ import annotations
@@ -82,6 +73,7 @@ from .._compat import (
     arith,
     dtype_of,
     loaded_buffer,
+    replace_block,
     structural_equal,
     structural_map,
     structural_walk,
@@ -99,7 +91,6 @@ from ._ir import (
     int_imm,
     opaque_block,
     prune_to,
-    replace_block,
     seq,
     storage_sync,
     truncating,
@@ -107,27 +98,22 @@ from ._ir import (
     whole,
     with_body,
 )
-from .fixup_atomic import atomic_add
-
-# Accumulator dtypes whose OpenCL partials go through 32-bit atomics (module docstring).
-_OPENCL_ATOMIC_SLOT_DTYPES = ("float32", "int32")
-
-
-def fence(target: tvm.target.Target) -> tirx.Stmt:
-    """A device-wide memory fence for global memory."""
-    if target.kind.name == "cuda":
-        return tirx.Evaluate(tirx.call_extern("int32", "__threadfence"))
-    # CLK_GLOBAL_MEM_FENCE is 2 in every OpenCL C header.
-    return tirx.Evaluate(tirx.call_extern("int32", "mem_fence", tirx.IntImm("uint32", 2)))
 
 
 @fixup.register
 class WorkspaceFixup(fixup.Fixup):
-    """Merge partial tiles through a workspace and per-tile arrival counters (module docstring)."""
+    """Merge partial tiles through a workspace and per-tile arrival counters (module docstring).
+
+    ``after_segment`` reads as the protocol: the writer side (:meth:`_writer_fence`,
+    a barrier, :meth:`_arrive`), a barrier, the reader side (:meth:`_read_verdict`,
+    :meth:`_reader_fence`, :meth:`_finish`). What differs between targets is
+    ``self.memory`` (:mod:`tvm_streamk.memory_model`).
+    """
 
     name = "workspace"
     code = 1
     deterministic = True
+    auto_rank = 10
 
     @classmethod
     def check(cls, site: StreamKSite, target=None) -> None:
@@ -168,48 +154,52 @@ class WorkspaceFixup(fixup.Fixup):
                     "The workspace holds one tile per slot: give the write-back constant loops.",
                 )
         self.elems = math.prod(int(loop.extent) for loop in self.loops)
-        dtype = str(site.merged.dtype)
-        # OpenCL 1.2 orders memory between work-groups only through atomics: 32-bit partials
-        # travel as int32 bit patterns through atomic_xchg / atomic_or(.., 0).
-        self.atomic_slots = target.kind.name == "opencl" and dtype in _OPENCL_ATOMIC_SLOT_DTYPES
+        self.dtype = str(site.merged.dtype)
         # With a lane loop, the write-back's guard without the lane (None: no lane loop).
-        self.lane, self.lane_guard = _lane_loop(path, dtype, target, self.atomic_slots)
+        self.lane, self.lane_guard = _lane_loop(path, self.dtype, self.memory)
         self.acc_load = _accumulator_load(self.writeback, site.merged)
         self.active = grid is not None or bool(plan.split_tiles)
         # A run-time grid gets slots for the largest grid it can launch.
         blocks = plan.grid if grid is None else plan.runtime_grid_bound()
         self.workspace = tirx.decl_buffer(
             (self.slots(plan, blocks), self.elems),
-            "int32" if self.atomic_slots else dtype,
+            self.memory.partial_dtype(self.dtype),
             name="sk_workspace",
         )
         # A grouped GEMM's tile count is read on the device: its counters take the bound.
         self.counter_tiles = plan.counter_tiles if site.ragged is None else site.ragged.tile_bound
         self.arrivals = tirx.decl_buffer((self.counter_tiles,), "int32", name="sk_arrivals")
+        # The leader's verdict for its block (1: it arrived last), through shared memory, and
+        # every thread's register copy of it (ThreadSync refuses shared loads in branch
+        # conditions).
+        self.verdict = tirx.decl_buffer((1,), "int32", name="sk_last", scope="shared")
+        self.is_last = tirx.decl_buffer((1,), "int32", name="sk_is_last", scope="local")
         # Under a grid read at run time, a split tile's first and last peers record where its
         # peers are (_record_peers): the last arriver then walks them without the closed forms'
         # 64-bit divisions by run-time counts. Written before the writers arrive, read after the
-        # last arrival: never zeroed.
-        self.record = (
-            tirx.decl_buffer((self.counter_tiles * 2,), "int32", name="sk_peer_record")
-            if grid is not None
-            else None
-        )
-        # The leader's verdict (is it the last arriver), and with a peer record the record it
-        # read for the block: [verdict, first peer's slot, last peer's block].
-        words = 1 if self.record is None else 3
-        self.last = tirx.decl_buffer((words,), "int32", name="sk_last", scope="shared")
-        # ThreadSync refuses shared loads in branch conditions: branch on a register copy.
-        self.is_last = tirx.decl_buffer((words,), "int32", name="sk_is_last", scope="local")
+        # last arrival: never zeroed. The last arriver's leader hands the two words it read
+        # (the first peer's slot, the last peer's block) to its block like the verdict.
+        self.record = self.shared_peers = self.peers = None
+        if grid is not None:
+            self.record = tirx.decl_buffer(
+                (self.counter_tiles * 2,), "int32", name="sk_peer_record"
+            )
+            self.shared_peers = tirx.decl_buffer(
+                (2,), "int32", name="sk_peers_shared", scope="shared"
+            )
+            self.peers = tirx.decl_buffer((2,), "int32", name="sk_peers", scope="local")
         lanes = 1 if self.lane is None else int(self.lane.extent)
-        self.sum = tirx.decl_buffer((lanes,), dtype, name="sk_sum", scope="local")
+        self.sum = tirx.decl_buffer((lanes,), self.dtype, name="sk_sum", scope="local")
 
     @property
     def buffers(self) -> tuple:
         if not self.active:
             return ()
         record = () if self.record is None else (self.record,)
-        return (self.workspace, self.arrivals, *record, self.last, self.is_last, self.sum)
+        handed = () if self.record is None else (self.shared_peers, self.peers)
+        return (
+            self.workspace, self.arrivals, *record, self.verdict, *handed, self.is_last, self.sum
+        )  # fmt: skip
 
     def _linear(self, loops) -> tirx.Expr:
         """This thread's element of its slot: the write-back's loops flattened with the thread
@@ -239,12 +229,18 @@ class WorkspaceFixup(fixup.Fixup):
             first_segment, int_imm(0, str(block.ty)), int_imm(1, str(block.ty))
         )
 
+    def _threads(self) -> list[tirx.For]:
+        return [lp for lp in self.loops if _tag(lp).startswith("threadIdx")]
+
+    # -- the protocol --------------------------------------------------------------------------
+
     def merge_writeback(self, block: SBlock, seg: Segment) -> SBlock:
         """A partial segment stores its accumulator to its slot instead of writing back."""
         if not self.active:
             return block
         slot = self._slot(seg.block, seg.index == 0)
-        partial = self._store_partial(slot, self._linear(self.loops), self.acc_load)
+        value = self.memory.store_partial(self.acc_load, self.dtype)
+        partial = tirx.BufferStore(self.workspace, value, [slot, self._linear(self.loops)])
         return replace_block(
             block,
             body=tirx.IfThenElse(seg.full, block.body, partial),
@@ -252,141 +248,157 @@ class WorkspaceFixup(fixup.Fixup):
         )
 
     def after_segment(self, seg: Segment) -> tirx.Stmt | None:
-        """Arrive at the tile's counter; the last block sums the slots and writes the tile."""
+        """Arrive at the tile's counter; the last block sums the slots and writes the tile.
+
+        The barriers stand in unconditional code, run by every segment, and the conditions
+        move into the work between them. Every thread walks the same segments, so a barrier
+        under ``if (partial)`` would be uniform and legal OpenCL; PoCL 3.1 still miscompiles a
+        barrier region under an ``if`` in a loop (it ignores guards inside it for some
+        work-items), so the kernel does not rely on every compiler getting that right.
+        """
         if not self.active:
             return None
+        partial = tirx.Not(seg.full)
+        return seq(
+            [
+                self._writer_fence(partial),
+                storage_sync(),
+                fresh_definitions(self._arrive(seg, partial)),
+                storage_sync(),
+                self._read_verdict(partial),
+                self._reader_fence(),
+                fresh_definitions(self._finish(seg)),
+            ]
+        )
+
+    def _writer_fence(self, partial) -> tirx.Stmt | None:
+        """Every thread of a partial segment fences its stores, where a fence orders only its
+        own thread's accesses (with cumulative fences the leader's does, in :meth:`_arrive`)."""
+        if self.memory.cumulative_fences:
+            return None
+        return tirx.IfThenElse(partial, self.memory.fence(), None)
+
+    def _reader_fence(self) -> tirx.Stmt | None:
+        """Every thread of the last arriver fences before it reads the peers' partials, where
+        a fence orders only its own thread's accesses."""
+        if self.memory.cumulative_fences:
+            return None
+        is_last = tirx.BufferLoad(self.is_last, [int_imm(0)]) != 0
+        return tirx.IfThenElse(is_last, self.memory.fence(), None)
+
+    def _arrive(self, seg: Segment, partial) -> tirx.Stmt:
+        """The leader of a partial segment's block (thread 0) arrives at the tile's counter
+        with the panels it covered and publishes whether it arrived last; under a run-time
+        grid it records its place among the peers before and reads the tile's record after.
+        With cumulative fences it fences before its arrival (release for the block's partial
+        stores) and after (acquire for the block's reads after the next barrier)."""
         panels = self.site.panels
         covered = seg.k_end - seg.k_begin
-        old = atomic_add(self.target, "int32", tirx.address_of(self.arrivals[seg.tile]), covered)
+        address = tirx.address_of(self.arrivals[seg.tile])
+        old = self.memory.atomic_add("int32", address, covered)
         verdict = tirx.Cast("int32", old + covered == panels)
         if self.record is not None:
             # Bound: the leader reads the record on it too (_read_record).
             bound = var("sk_verdict", "int32")
-            arrive_body = seq(
-                [tirx.Bind(bound, verdict), tirx.BufferStore(self.last, bound, [int_imm(0)])]
+            body = seq(
+                [tirx.Bind(bound, verdict), tirx.BufferStore(self.verdict, bound, [int_imm(0)])]
             )
             verdict = bound
         else:
-            arrive_body = tirx.BufferStore(self.last, verdict, [int_imm(0)])
-        # CUDA's fences are cumulative, so the leader's release fence after the block barrier
-        # covers every thread's partial stores and its acquire fence before the next barrier
-        # covers every thread's reads (CUTLASS's barrier.h); OpenCL's mem_fence orders only the
-        # calling work-item's accesses, so there every thread fences (module docstring).
-        leader_fences = self.target.kind.name == "cuda"
-        if leader_fences:
-            arrive_body = seq([fence(self.target), arrive_body, fence(self.target)])
+            body = tirx.BufferStore(self.verdict, verdict, [int_imm(0)])
+        cumulative = self.memory.cumulative_fences
+        if cumulative:
+            body = seq([self.memory.fence(), body, self.memory.fence()])
         if self.record is not None:
-            # The leader records its place among the tile's peers before it arrives (fenced with
-            # its partial), and the last arriver's leader reads the tile's record after (so no
-            # barrier need order global memory inside the block: OpenCL's orders local memory).
-            recorded = seq([self._record_peers(seg), None if leader_fences else fence(self.target)])
-            arrive_body = seq([recorded, arrive_body, self._read_record(seg, verdict)])
-        partial = tirx.Not(seg.full)
-        threads = [lp for lp in self.loops if _tag(lp).startswith("threadIdx")]
+            # The record travels with the partial: fenced before the arrival, read after it
+            # (no barrier need order global memory inside the block: OpenCL's orders local
+            # memory only).
+            recorded = seq([self._record_peers(seg), None if cumulative else self.memory.fence()])
+            body = seq([recorded, body, self._read_record(seg, verdict)])
         leader = partial
-        for loop in threads:
+        for loop in self._threads():
             # Compared as int32: LiftThreadBinding gives every loop of a thread tag one int32
             # variable, whatever the loop's own type (int64 below a run-time extent), and an
             # int64 comparison of it is then ill-typed.
             leader = tirx.And(leader, cast_to("int32", loop.loop_var) == int_imm(0, "int32"))
         record = [] if self.record is None else [whole(self.record)]
+        handed = [] if self.record is None else [whole(self.shared_peers)]
         arrive = opaque_block(
             "sk_arrive",
-            arrive_body,
+            body,
             reads=[whole(self.arrivals), *record],
-            writes=[whole(self.arrivals), whole(self.last), *record],
+            writes=[whole(self.arrivals), whole(self.verdict), *handed, *record],
             predicate=leader,
         )
-        for loop in reversed(threads):
+        for loop in reversed(self._threads()):
             arrive = with_body(loop, arrive)
+        return arrive
 
+    def _read_verdict(self, partial) -> tirx.Stmt:
+        """Every thread copies the leader's verdict (and the peer record it read) to registers;
+        a full segment leaves its flag alone: it may hold the previous partial's arrival."""
+        copies = [(self.verdict, self.is_last)]
+        if self.record is not None:
+            copies.append((self.shared_peers, self.peers))
+        return opaque_block(
+            "sk_read_last",
+            seq(
+                [
+                    tirx.BufferStore(
+                        local,
+                        tirx.Select(partial, tirx.BufferLoad(shared, [i]), int_imm(0)),
+                        [int_imm(i)],
+                    )
+                    for shared, local in copies
+                    for i in range(int(shared.shape[0]))
+                ]
+            ),
+            reads=[whole(shared) for shared, _ in copies],
+            writes=[whole(local) for _, local in copies],
+        )
+
+    def _finish(self, seg: Segment) -> tirx.Stmt:
+        """The last arriver's write-back nest: per element, the sum of the tile's peers'
+        partials in peer order, then the original write-back on it (epilogue included).
+
+        The last arriver reads its own partial back too (from L2, just written) rather than
+        from its accumulator: keeping the accumulator live across the hand-off took dlight's
+        hybrid on sm_90 from 64 registers to 255 and 728 bytes of spills (ptxas -v); taking
+        its own peer's term from the accumulator (a select in the peer walk) took dlight's
+        Stream-K on sm_80 from 56 to 80 registers rolled, 72 and 24 bytes of spills unrolled.
+        """
         # The recorded walk counts in int32 (block indices); the closed forms multiply a tile by
         # the grid and the iterations, in the blocks' type.
         p = var("sk_peer", "int32" if self.record is not None else dtype_of(seg.block))
-
-        # With a lane loop the peers' sums are taken outside it, a vector per thread (one block
-        # per write-back nest, placed before the lane loop by element_loop below).
-        lane_sums = []
-
-        def finish(realize: SBlockRealize) -> SBlockRealize:
-            block = realize.block
-            merged = loaded_buffer(self.acc_load)
-            if self.record is not None:
-                peers, slot = self._recorded_walk(seg, p)
-            else:
-                peers, slot = self._closed_form_walk(seg, p)
-            zero = [int_imm(0)]
-            is_last = tirx.BufferLoad(self.is_last, zero) != 0
-            # The last arriver reads its own partial back too (from L2, just written) rather than
-            # from its accumulator: keeping the accumulator live across the hand-off took dlight's
-            # hybrid on sm_90 from 64 registers to 255 and 728 bytes of spills (ptxas -v); taking
-            # its own peer's term from the accumulator (a select in the peer walk) took dlight's
-            # Stream-K on sm_80 from 56 to 80 registers rolled, 72 and 24 bytes of spills
-            # unrolled.
-            if self.lane is None:
-                partial = self._load_partial(slot, self._linear(self.loops))
-                total = tirx.BufferLoad(self.sum, zero)
-                summed = [
-                    tirx.BufferStore(self.sum, tirx.const(0, str(merged.dtype)), zero),
-                    tirx.For(
-                        p,
-                        int_imm(0, str(p.ty)),
-                        peers,
-                        tirx.ForKind.SERIAL,
-                        tirx.BufferStore(self.sum, total + partial, zero),
-                    ),
-                ]
-                # The last-arriver test sits in the block predicate, not in an enclosing branch,
-                # so ThreadSync may still place barriers between the nests (never in a branch).
-                predicate = tirx.And(realize.predicate, is_last)
-            else:
-                total = tirx.BufferLoad(self.sum, [self.lane.loop_var])
-                summed = []
-                lane_sums.append(
-                    opaque_block(
-                        "sk_lane_sum",
-                        self._sum_lanes(peers, slot, p),
-                        reads=[whole(self.workspace)],
-                        writes=[whole(self.sum)],
-                    )
-                )
-                # The test and the write-back's lane-free guard hold the lane sum and the lane
-                # loop (element_loop), evaluated once: no barrier is ever placed inside either.
-                predicate = tirx.const(True)
-
-            # The write-back reads the sum from a register instead of the merged buffer: writing
-            # the sum back to a shared staging buffer would need barriers inside this branch.
-            def from_sum(load):
-                return total if loaded_buffer(load).same_as(merged) else load
-
-            body = seq([*summed, structural_map(block.body, (BufferLoadNode, from_sum))])
-            new_block = replace_block(
-                block,
-                name_hint=block.name_hint + "_sk_fixup",
-                body=body,
-                reads=[
-                    *[r for r in block.reads if not loaded_buffer(r).same_as(merged)],
-                    *([whole(self.workspace)] if self.lane is None else []),
-                    whole(self.is_last),
-                    whole(self.sum),
-                ],
-                writes=[*block.writes, *([whole(self.sum)] if self.lane is None else [])],
-                annotations={},
+        if self.record is not None:
+            peers, slot = self._recorded_walk(p)
+        else:
+            peers, slot = self._closed_form_walk(seg, p)
+        is_last = tirx.BufferLoad(self.is_last, [int_imm(0)]) != 0
+        if self.lane is None:
+            rewrite = self._scalar_writeback(peers, slot, p, is_last)
+            lane_sum = None
+        else:
+            rewrite = self._lane_writeback()
+            lane_sum = opaque_block(
+                "sk_lane_sum",
+                self._sum_lanes(peers, slot, p),
+                reads=[whole(self.workspace)],
+                writes=[whole(self.sum)],
             )
-            return SBlockRealize(realize.iter_values, predicate, new_block)
-
         roll = self._rolled_writeback()
 
         def element_loop(loop: tirx.For):
             # One element at a time (the peer loop inside cannot be vectorised), in a rolled
             # loop where that is leaner (_rolled_writeback). The peer loop is nvcc's to unroll.
-            # A lane loop stays vectorised, after the peers' sum of its lanes.
+            # A lane loop stays vectorised, after the peers' sum of its lanes; the test and the
+            # write-back's lane-free guard hold both, evaluated once: no barrier is ever
+            # placed inside either.
             if self._is_lane(loop):
-                is_last = tirx.BufferLoad(self.is_last, [int_imm(0)]) != 0
                 guard = self.lane_guard
                 always = isinstance(guard, tirx.IntImm) and bool(int(guard))
                 test = is_last if always else tirx.And(is_last, guard)
-                return tirx.IfThenElse(test, seq([lane_sums.pop(), loop]), None)
+                return tirx.IfThenElse(test, seq([lane_sum, loop]), None)
             if loop.thread_binding is not None or loop.loop_var.same_as(p):
                 return loop
             if roll:
@@ -403,43 +415,71 @@ class WorkspaceFixup(fixup.Fixup):
                 return loop
             return with_body(loop, loop.body, tirx.ForKind.SERIAL)
 
-        finish_nest = structural_map(
-            prune_to(self.tile_body, {self.writeback.name_hint}, finish), (tirx.For, element_loop)
+        return structural_map(
+            prune_to(self.tile_body, {self.writeback.name_hint}, rewrite), (tirx.For, element_loop)
         )
+
+    def _scalar_writeback(self, peers, slot, p, is_last):
+        """The write-back realize rewritten to sum one element over the peers into ``sk_sum``
+        and write it back from there; the last-arriver test joins the block predicate, not an
+        enclosing branch, so ThreadSync may still place barriers between the nests."""
         zero = [int_imm(0)]
-        # A full segment leaves the flag alone: it may hold the previous partial's arrival.
-        read_last = opaque_block(
-            "sk_read_last",
-            seq(
-                [
-                    tirx.BufferStore(
-                        self.is_last,
-                        tirx.Select(partial, tirx.BufferLoad(self.last, [i]), int_imm(0)),
-                        [int_imm(i)],
-                    )
-                    for i in range(int(self.last.shape[0]))
-                ]
+        total = tirx.BufferLoad(self.sum, zero)
+        partial = self.memory.load_partial(
+            tirx.BufferLoad(self.workspace, [slot, self._linear(self.loops)]), self.dtype
+        )
+        summed = [
+            tirx.BufferStore(self.sum, tirx.const(0, self.dtype), zero),
+            tirx.For(
+                p,
+                int_imm(0, str(p.ty)),
+                peers,
+                tirx.ForKind.SERIAL,
+                tirx.BufferStore(self.sum, total + partial, zero),
             ),
-            reads=[whole(self.last)],
-            writes=[whole(self.is_last)],
+        ]
+
+        def rewrite(realize: SBlockRealize) -> SBlockRealize:
+            block = self._from_sum(realize.block, total, summed, scalar=True)
+            return SBlockRealize(realize.iter_values, tirx.And(realize.predicate, is_last), block)
+
+        return rewrite
+
+    def _lane_writeback(self):
+        """The write-back realize rewritten to read this thread's lane of ``sk_sum``, which
+        the lane sum (:meth:`_sum_lanes`) filled before the lane loop."""
+        total = tirx.BufferLoad(self.sum, [self.lane.loop_var])
+
+        def rewrite(realize: SBlockRealize) -> SBlockRealize:
+            block = self._from_sum(realize.block, total, [], scalar=False)
+            return SBlockRealize(realize.iter_values, tirx.const(True), block)
+
+        return rewrite
+
+    def _from_sum(self, block: SBlock, total, summed: list, scalar: bool) -> SBlock:
+        """The write-back ``block`` reading the merged sum from a register (``total``), not the
+        merged buffer: writing it back to a shared staging buffer would need barriers inside
+        the last arriver's branch."""
+        merged = loaded_buffer(self.acc_load)
+
+        def from_sum(load):
+            return total if loaded_buffer(load).same_as(merged) else load
+
+        return replace_block(
+            block,
+            name_hint=block.name_hint + "_sk_fixup",
+            body=seq([*summed, structural_map(block.body, (BufferLoadNode, from_sum))]),
+            reads=[
+                *[r for r in block.reads if not loaded_buffer(r).same_as(merged)],
+                *([whole(self.workspace)] if scalar else []),
+                whole(self.is_last),
+                whole(self.sum),
+            ],
+            writes=[*block.writes, *([whole(self.sum)] if scalar else [])],
+            annotations={},
         )
-        is_last = tirx.BufferLoad(self.is_last, zero) != 0
-        # The barriers stand in unconditional code, run by every segment, and the conditions
-        # move into the work between them. Every thread walks the same segments, so a barrier
-        # under `if (partial)` would be uniform and legal OpenCL; PoCL 3.1 still miscompiles a
-        # barrier region under an `if` in a loop (it ignores guards inside it for some
-        # work-items), so the kernel does not rely on every compiler getting that right.
-        return seq(
-            [
-                None if leader_fences else tirx.IfThenElse(partial, fence(self.target), None),
-                storage_sync(),
-                fresh_definitions(arrive),
-                storage_sync(),
-                read_last,
-                None if leader_fences else tirx.IfThenElse(is_last, fence(self.target), None),
-                fresh_definitions(finish_nest),
-            ]
-        )
+
+    # -- where the peers are -------------------------------------------------------------------
 
     def _closed_form_walk(self, seg: Segment, p):
         """The peer count of the segment's tile and the slot of its peer ``p``, from the plan's
@@ -481,23 +521,25 @@ class WorkspaceFixup(fixup.Fixup):
 
     def _read_record(self, seg: Segment, verdict) -> tirx.Stmt:
         """The last arriver's leader reads its tile's peer record (like the partials, after its
-        arrival) into the shared verdict for the block; any other leader writes zeros."""
+        arrival) into shared memory for its block; any other leader writes zeros."""
         values = [
-            self._handed_off(tirx.BufferLoad(self.record, [seg.tile * 2 + i]), "int32")
+            self.memory.handed_off(tirx.BufferLoad(self.record, [seg.tile * 2 + i]), "int32")
             for i in range(2)
         ]
         zero = int_imm(0)
         return tirx.IfThenElse(
             verdict != 0,
-            seq([tirx.BufferStore(self.last, v, [int_imm(i + 1)]) for i, v in enumerate(values)]),
-            seq([tirx.BufferStore(self.last, zero, [int_imm(i + 1)]) for i in range(2)]),
+            seq(
+                [tirx.BufferStore(self.shared_peers, v, [int_imm(i)]) for i, v in enumerate(values)]
+            ),
+            seq([tirx.BufferStore(self.shared_peers, zero, [int_imm(i)]) for i in range(2)]),
         )
 
-    def _recorded_walk(self, seg: Segment, p):
+    def _recorded_walk(self, p):
         """The peer count of the segment's tile and the slot of its peer ``p``, from what its
         first and last peers recorded (:meth:`_record_peers`), as the block's leader read it."""
-        first_slot = tirx.BufferLoad(self.is_last, [int_imm(1)])
-        last_block = tirx.BufferLoad(self.is_last, [int_imm(2)])
+        first_slot = tirx.BufferLoad(self.peers, [int_imm(0)])
+        last_block = tirx.BufferLoad(self.peers, [int_imm(1)])
         per_block = self.plan.slots_per_block
         first = tirx.truncdiv(first_slot, per_block) if per_block > 1 else first_slot
         peers = last_block - first + 1
@@ -539,55 +581,18 @@ class WorkspaceFixup(fixup.Fixup):
 
     def _sum_lanes(self, peers, slot, p) -> tirx.Stmt:
         """The sum over the tile's peers of this thread's lanes (:func:`_lane_loop`) in
-        ``sk_sum``, each peer's lanes read as one access and added as a vector: on CUDA one
-        32- or 64-bit word from L2 (``__ldcg``, reinterpreted), on OpenCL one vector load."""
-        dtype = str(self.site.merged.dtype)
+        ``sk_sum``, each peer's lanes read as one access (the memory model's) and added as a
+        vector."""
         lanes = int(self.lane.extent)
-        # The slot's elements with the lanes innermost (_linear): this thread's lanes start at
-        # its other loops' index times the lane count.
-        rest = self._linear([lp for lp in self.loops if not self._is_lane(lp)])
+        # The slot's elements with the lanes innermost (_linear): this thread's lanes are the
+        # run of its other loops' index.
+        group = self._linear([lp for lp in self.loops if not self._is_lane(lp)])
+        decls, value = self.memory.read_lanes(self.workspace, slot, group, lanes, self.dtype)
         everything = [tirx.Ramp(int_imm(0), 1, lanes)]
-        decls = []
-        if self.target.kind.name == "cuda":
-            # The slots as words of a thread's lanes.
-            view = tirx.decl_buffer(
-                (self.workspace.shape[0], self.elems // lanes),
-                f"int{lanes * tvm.DataType(dtype).bits}",
-                name="sk_workspace_words",
-                data=self.workspace.data,
-            )
-            decls.append(tirx.DeclBuffer(view, data=self.workspace.data))
-            word = self._handed_off(tirx.BufferLoad(view, [slot, rest]), view.dtype)
-            value = tirx.reinterpret(f"{dtype}x{lanes}", word)
-        else:
-            value = tirx.BufferLoad(self.workspace, [slot, tirx.Ramp(rest * lanes, 1, lanes)])
-        zero = tirx.Broadcast(tirx.const(0, dtype), lanes)
+        zero = tirx.Broadcast(tirx.const(0, self.dtype), lanes)
         add = tirx.BufferStore(self.sum, tirx.BufferLoad(self.sum, everything) + value, everything)
         walk = tirx.For(p, int_imm(0, str(p.ty)), peers, tirx.ForKind.SERIAL, add)
         return seq([*decls, tirx.BufferStore(self.sum, zero, everything), walk])
-
-    def _store_partial(self, slot, index, value) -> tirx.Stmt:
-        if self.atomic_slots and dtype_of(value) != "int32":
-            value = tirx.call_pure_extern("int32", "as_int", value)
-        return tirx.BufferStore(self.workspace, value, [slot, index])
-
-    def _load_partial(self, slot, index) -> tirx.Expr:
-        load = tirx.BufferLoad(self.workspace, [slot, index])
-        dtype = str(self.site.merged.dtype)
-        if self.target.kind.name == "cuda":
-            return self._handed_off(load, dtype)
-        if self.atomic_slots:
-            bits = self._handed_off(load, "int32")
-            return bits if dtype == "int32" else tirx.call_pure_extern(dtype, "as_float", bits)
-        return load
-
-    def _handed_off(self, load, dtype: str) -> tirx.Expr:
-        """``load`` of a value another block stored before it arrived (module docstring): from
-        L2 on CUDA (``__ldcg``), by an atomic on OpenCL (``atomic_or(p, 0)``, int32 only)."""
-        address = tirx.address_of(load)
-        if self.target.kind.name == "cuda":
-            return tirx.call_extern(dtype, "__ldcg", address)
-        return tirx.call_extern("int32", "atomic_or", address, int_imm(0))
 
     def prologue(self) -> tirx.Stmt | None:
         """A kernel zeroing the arrival counters (the pool hands out uninitialised memory)."""
@@ -611,31 +616,27 @@ class WorkspaceFixup(fixup.Fixup):
         return bound_loop(b, tirx.floordiv(tiles + (threads - 1), threads), thread)
 
 
-def _lane_loop(path: list, dtype: str, target, atomic_slots: bool):
+def _lane_loop(path: list, dtype: str, memory):
     """The write-back's innermost loop when it is vectorised and each thread can store and read
-    its lanes of a slot as one access, with the write-back's guard written without the lane;
-    ``(None, None)`` otherwise (the Slots paragraph of the module docstring).
+    its lanes of a slot as one access (``memory.lanes_in_one_access``), with the write-back's
+    guard written without the lane; ``(None, None)`` otherwise (the Slots paragraph of the
+    module docstring).
 
     The loop directly holds the write-back block and its guard does not depend on the lane:
     the last arriver reads all of a thread's lanes, so the writer must have stored them all.
     The lanes must make one access each way; otherwise the threads-innermost scalar layout
     moves fewer memory sectors (a warp's scalar read of one float32 lane covers 128 consecutive
     bytes; two 8-byte reads per thread on a 16-byte stride each cover 512 bytes for 256 used).
-    So on CUDA the lanes span one 32- or 64-bit word, read by one ``__ldcg``: TVM 0.27's CUDA
-    codegen splits an extern call returning a vector into one call per lane, all on one
-    address, so no wider word can be read. OpenCL partials read through 32-bit atomics (one
-    per lane) keep the scalar layout.
     """
     none = (None, None)
-    if atomic_slots or len(path) < 2 or not isinstance(path[-2], tirx.For):
+    if len(path) < 2 or not isinstance(path[-2], tirx.For):
         return none
     loop, realize = path[-2], path[-1]
     if int(loop.kind) != int(tirx.ForKind.VECTORIZED) or not isinstance(loop.min, tirx.IntImm):
         return none
     if int(loop.min) != 0 or int(loop.extent) < 2:
         return none
-    nbytes = int(loop.extent) * tvm.DataType(dtype).bits // 8
-    if target.kind.name == "cuda" and nbytes not in (4, 8):
+    if not memory.lanes_in_one_access(int(loop.extent), dtype):
         return none
     guard = _without_lane(realize.predicate, loop)
     return none if guard is None else (loop, guard)

@@ -26,11 +26,11 @@ from .._compat import (
     dtype_of,
     loaded_buffer,
     param_buffers,
+    replace_block,
     structural_map,
     structural_walk,
 )
 from ..analysis import is_reduction
-from ._ir import replace_block
 
 # Fewer output channels per group than this (a depthwise convolution with a channel multiplier)
 # would leave dlight's 64-wide J tile mostly padding: StreamKDepthwise takes those instead.

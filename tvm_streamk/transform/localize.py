@@ -27,12 +27,12 @@ from .._compat import (
     SBlockRealize,
     arith,
     loaded_buffer,
+    replace_block,
     structural_equal,
     structural_map,
     structural_walk,
 )
 from ..analysis import StreamKSite
-from ._ir import replace_block
 
 
 class _NotAffine(Exception):

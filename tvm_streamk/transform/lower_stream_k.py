@@ -26,21 +26,13 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
-from .. import annotations as ann
-from .. import decomposition, gpus, run_time_choice  # noqa: F401 - registers its policy
-from .._compat import SBlock, SBlockRealize, dtype_of, structural_map
+from .. import decomposition, fixup_registry
+from .._compat import SBlock, SBlockRealize, dtype_of, replace_block, structural_map
 from ..analysis import StreamKSite, analyze, blocks_under, first_site, ragged_views
+from ..decision import DEVICE_SMS, Decision, check, record
 from ..errors import StreamKError
-from ..legality import (
-    check_fragment_plan,
-    check_group,
-    check_one_panel_loop,
-    check_ragged,
-    check_runtime_grid,
-    check_runtime_tiles,
-)
-from . import device_sms, tile_space
-from . import fixup as fixups
+from ..memory_model import for_target
+from . import device_sms, fixup_atomic, fixup_workspace, tile_space  # noqa: F401 - registers
 from ._ir import (
     TIR_OPS,
     Segment,
@@ -50,7 +42,6 @@ from ._ir import (
     int_imm,
     opaque_bind,
     over_units,
-    replace_block,
     segment_dtype,
     seq,
     tile_count_check,
@@ -61,108 +52,36 @@ from ._ir import (
 from .localize import localize_accumulator
 
 
-def plan_for(
-    site: StreamKSite,
-    decision: ann.Decision,
-    target: tvm.target.Target | None = None,
-    sizes: dict[str, int] | None = None,
-) -> decomposition.Plan:
-    """The decomposition plan a decision stands for on this site, for ``target``.
-
-    With ``num_sms="device"`` the plan is made for one SM: its closed forms are then evaluated
-    with the grid launched at run time. A decision recorded for the compile target's count
-    (:data:`~tvm_streamk.annotations.TARGET_SMS`) is planned for ``target``'s. A run-time tile
-    count gives the lowering's view (:func:`~tvm_streamk.decomposition.run_time.at_run_time`), or
-    with ``sizes`` (the run-time shape variables by name) the plan the kernel runs at them.
-    """
-    tiles = site.tiles_at(sizes) if sizes is not None and site.runtime_tiles else None
-    if site.runtime_tiles and tiles is None:
-        return decomposition.plan_at_run_time(
-            site.tile_count,
-            site.panels,
-            decision_sms(decision, target),
-            decision.blocks_per_sm,
-            decision.policy,
-            runtime_sms=decision.num_sms == ann.DEVICE_SMS,
-            variant=decision.variant,
-        )
-    if tiles is not None:
-        rule = decomposition.policy.get(decision.policy, decision.variant)
-        chosen = rule.plan_at_count(
-            tiles,
-            site.panels,
-            decision_sms(decision, target),
-            decision.blocks_per_sm,
-            decision.fixup,
-        )
-        if chosen is not None:
-            return chosen
-    return decomposition.plan(
-        site.tiles if tiles is None else tiles,
-        site.panels,
-        decision_sms(decision, target),
-        blocks_per_sm=decision.blocks_per_sm,
-        policy=decision.policy,
-        splits=decision.splits if decomposition.policy.get(decision.policy).takes_splits else None,
-        variant=decision.variant,
-    )
-
-
-def decision_sms(decision: ann.Decision, target: tvm.target.Target | None) -> int:
-    """The SM count a decision is planned for (1 for a grid read at run time)."""
-    if decision.num_sms == ann.DEVICE_SMS:
-        return 1
-    if decision.num_sms != ann.TARGET_SMS:
-        return decision.num_sms
-    if target is None:
-        raise StreamKError(
-            "num-sms",
-            "a decision left to the compile target's SM count, and no target",
-            "Lower through tvm.compile(..., target=...) or tvm_streamk.lower(mod, target), or "
-            "pass num_sms to stream_k.",
-        )
-    try:
-        return gpus.num_sms_for_target(None, target, opencl_compute_units=True)
-    except gpus.UnknownGPUError as err:
-        raise StreamKError(
-            "num-sms",
-            f"a decision left to the compile target's SM count: {err}",
-            "Pass num_sms to stream_k, or compile for a target tag of tvm_streamk.gpus.",
-        ) from None
-
-
-def check_fixup(site: StreamKSite, fixup: str, target: tvm.target.Target | None) -> None:
-    """Refuse a fix-up the site cannot use; ``target`` may be None before a target is known."""
-    fixups.get(fixup).check(site, target)
-
-
-def make_fixup(site: StreamKSite, plan, decision: ann.Decision, target, tile_body, grid):
-    """The fix-up object that merges partial tiles for this decision (its constructor checks
-    the site)."""
+def make_fixup(site: StreamKSite, plan, decision, target, tile_body, grid):
+    """The fix-up object that merges partial tiles for this decision."""
     if target is None:
         raise StreamKError(
             "target",
             "a function without a target attribute",
             "Lower through tvm.compile(..., target=...) or tvm_streamk.lower(mod, target).",
         )
-    return fixups.get(decision.fixup)(site, plan, target, decision.group or None, tile_body, grid)
+    fixup = fixup_registry.get(decision.fixup)
+    return fixup(site, plan, target, decision.group or None, tile_body, grid)
 
 
 def rewrite(
-    func: tirx.PrimFunc, block_name: str, target, decision: ann.Decision | None = None
+    func: tirx.PrimFunc, block_name: str, target, decision: Decision | None = None
 ) -> tirx.PrimFunc:
-    """Rewrite the Stream-K decision recorded on ``block_name`` in ``func`` (or ``decision``)."""
+    """Rewrite the Stream-K decision recorded on ``block_name`` in ``func`` (or ``decision``).
+
+    Step 1: check the decision (:func:`tvm_streamk.decision.check`, as every entry point
+    does) and take its plan. Step 2: rewrite the tile band into the persistent nest.
+    """
     site = analyze(func, block_name)
     if decision is None:
-        decision = ann.decision_of(site.block.annotations, block_name)
-    check_one_panel_loop(site, block_name)
-    plan = plan_for(site, decision, target)
+        decision = record.decode(site.block.annotations, block_name)
+    plan = check(site, decision, target)
     root_realize: SBlockRealize = func.body
     root = root_realize.block
 
     def strip(block: SBlock) -> SBlock:
         if block.name_hint == block_name:
-            return replace_block(block, annotations=ann.stripped(block.annotations))
+            return replace_block(block, annotations=record.stripped(block.annotations))
         return block
 
     whole_tiles = plan.scheme.is_original and site.ragged is not None
@@ -174,19 +93,13 @@ def rewrite(
         # The original kernel already is this decomposition.
         return func.with_body(structural_map(func.body, (SBlock, strip)))
 
-    check_fragment_plan(plan, site.fragment_accumulator, block_name)
     aligned = plan.aligned_splits is not None
     # Fragments are addressed through intrinsics, not element indices: nothing to localize.
     tile_body = site.band[-1].body
     if not site.fragment_accumulator:
         tile_body = localize_accumulator(tile_body, site)
     device_grid = None
-    check_group(decision.group, site.band_extents, block_name)
-    check_runtime_tiles(site, plan.policy, decision.group, block_name)
-    check_ragged(site, plan.policy, block_name)
-    if decision.num_sms == ann.DEVICE_SMS:
-        check_runtime_grid(plan.policy, site.fragment_accumulator, block_name)
-    if decision.num_sms == ann.DEVICE_SMS or site.runtime_tiles:
+    if decision.num_sms == DEVICE_SMS or site.runtime_tiles:
         device_grid = var("sk_grid", index_dtype(site, plan, runtime_grid=True))
     if whole_tiles:
         fixup = tile_space.WholeTiles(site, plan, target, None, tile_body, device_grid)
@@ -227,13 +140,12 @@ def _bind_runtime_grid(
     :func:`~._ir.opaque_bind` rather than using the host's variable, whose value is a call the
     region analysis cannot bound (every per-block buffer would be sized for the whole matrix).
 
-    For OpenCL the divisions by the count truncate. ``LowerIntrin`` lowers a floor division by
-    a value it cannot sign into a ``Select`` over let-bound temporaries, and TVM 0.27's OpenCL
-    printer writes those temporaries inside a ``vstore`` address, which does not compile (the
-    dlight schedule's vectorised zeroing for the atomic fix-up; tests/test_knob_fuzz.py). The
-    closed forms divide non-negative values by this positive count, where the two divisions
-    agree. CUDA keeps the floor division: the truncating one cost the sm_80 workspace kernel
-    a register it then spilled (4 to 56 bytes).
+    Where the target's memory model asks for it (OpenCL, :mod:`tvm_streamk.memory_model.opencl`:
+    the dlight schedule's vectorised zeroing for the atomic fix-up did not compile,
+    tests/test_knob_fuzz.py) the divisions by the count truncate. The closed forms divide
+    non-negative values by this positive count, where the two divisions agree. CUDA keeps the
+    floor division: the truncating one cost the sm_80 workspace kernel a register it then
+    spilled (4 to 56 bytes).
 
     A grouped GEMM's tile count is only known on the device: the host launches every slot, and
     each kernel binds the count it reads (:func:`~.tile_space.bind_tile_count`), computes the
@@ -242,11 +154,11 @@ def _bind_runtime_grid(
     per tile busy.
     """
     dtype = dtype_of(grid)
-    if decision.num_sms == ann.DEVICE_SMS:
+    if decision.num_sms == DEVICE_SMS:
         slots = cast_to(dtype, device_sms.placeholder() * decision.blocks_per_sm)
     else:
         slots = int_imm(plan.runtime_grid_bound(), dtype)
-    truncate = target is not None and target.kind.name == "opencl"
+    truncate = target is not None and for_target(target).truncating_divisions
 
     def kernel(loop: tirx.For):
         if loop.kind != tirx.ForKind.THREAD_BINDING or not loop.extent.same_as(grid):
@@ -417,7 +329,7 @@ def _aligned_nest(site, plan, fixup, strip, tile_body) -> tirx.Stmt:
 
 
 # The decision a grouped GEMM without one is lowered by.
-WHOLE_TILES = ann.Decision(
+WHOLE_TILES = Decision(
     policy="data_parallel",
     variant=None,
     num_sms=1,
@@ -430,7 +342,7 @@ WHOLE_TILES = ann.Decision(
 
 def annotated_blocks(func: tirx.PrimFunc) -> list[str]:
     """Names of the blocks of ``func`` that carry a Stream-K decision."""
-    return [b.name_hint for b in blocks_under(func.body) if ann.has_decision(b.annotations)]
+    return [b.name_hint for b in blocks_under(func.body) if record.has_decision(b.annotations)]
 
 
 def _lower(func: tirx.PrimFunc, mod: tvm.IRModule, ctx) -> tirx.PrimFunc:
@@ -451,8 +363,9 @@ def _lower(func: tirx.PrimFunc, mod: tvm.IRModule, ctx) -> tirx.PrimFunc:
 def LowerStreamK() -> tvm.transform.Pass:
     """Rewrite every block annotated by :func:`tvm_streamk.stream_k` into a Stream-K kernel.
 
-    Preconditions are checked again here (a schedule may have changed after ``stream_k`` ran);
-    a violated one raises :class:`~tvm_streamk.errors.StreamKError`. Functions without annotated
-    blocks pass through unchanged.
+    Every decision is checked again here (:func:`tvm_streamk.decision.check`: a schedule may
+    have changed after ``stream_k`` ran, or the decision was written by MetaSchedule or by
+    hand); a violated precondition raises :class:`~tvm_streamk.errors.StreamKError`. Functions
+    without annotated blocks pass through unchanged.
     """
     return tvm.tirx.transform.prim_func_pass(_lower, opt_level=0, name="tvm_streamk.LowerStreamK")

@@ -23,11 +23,12 @@ from .._compat import (
     SBlockRealize,
     dtype_of,
     loaded_buffer,
+    replace_block,
     structural_map,
     structural_walk,
 )
 from ..analysis.ragged import RAGGED_ATTR, RaggedViews, ragged_views
-from ._ir import cast_to, replace_block, whole
+from ._ir import cast_to, whole
 
 
 def _address_of_view(call, views: RaggedViews) -> bool:

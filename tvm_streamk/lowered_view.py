@@ -1,6 +1,7 @@
 """The lowered view of a Stream-K candidate: the kernel as it will run, as a schedulable module.
 
-MetaSchedule's feature extractor and its GPU-code verifier read ``candidate.sch.mod``, where a
+MetaSchedule's feature extractor and its GPU-code verifier (:mod:`tvm_streamk.meta_schedule`,
+:class:`tvm_streamk.postproc.VerifyStreamK`) read ``candidate.sch.mod``, where a
 Stream-K decision is still a set of block annotations. They must see the rewritten kernel instead,
 and both take it wrapped in a ``Schedule``. A ``Schedule`` refuses blocks whose bodies use loop
 variables defined outside them, which the fix-ups' rewritten blocks do, so the view makes every
@@ -11,9 +12,9 @@ from __future__ import annotations
 
 import tvm
 
-from .. import annotations as ann
-from ..analysis import blocks_under
-from ..pipeline import lower
+from .analysis import blocks_under
+from .decision import record
+from .pipeline import lower
 
 # The passes PerStoreFeature and VerifyGPUCode start with, up to the one that makes every block
 # opaque; the allocation planning between them is left to those consumers: on a block whose
@@ -37,7 +38,7 @@ def has_stream_k(mod: tvm.IRModule) -> bool:
     True
     """
     return any(
-        ann.has_decision(block.annotations)
+        record.has_decision(block.annotations)
         for func in mod.functions.values()
         if isinstance(func, tvm.tirx.PrimFunc)
         for block in blocks_under(func.body)

@@ -1,0 +1,284 @@
+"""From what a caller asks to a concrete decision: fix-up, SM count, policy and plan.
+
+:func:`decide` resolves a :class:`Request` (whose policy may be a chooser such as
+``"heuristic"``, whose fix-up may be ``"auto"``, whose SM count may be left to the device or
+the compile target) into a :class:`~.record.Decision` for a given number of resident blocks,
+then passes it through :func:`~.check.check`, the one check every entry point shares.
+Refusals that depend on the choice come after it: a chooser with a fix-up the site cannot use
+keeps to plans that split no tile, instead of refusing before it has chosen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import tvm
+
+from .. import cost_model, decomposition, fixup_registry, gpus
+from ..decomposition import policy as policies
+from ..errors import StreamKError
+from ..run_time_choice import StreamKOrDataParallel, describe, stream_k_buckets
+from . import rules
+from .check import check
+from .record import DEVICE_SMS, TARGET_SMS, Decision
+
+COND_NUM_SMS = "num-sms"
+COND_KNOB = "knob"
+
+
+@dataclass(frozen=True)
+class Request:
+    """The knobs of :func:`tvm_streamk.stream_k`, as given (see its docstring)."""
+
+    num_sms: int | str | None = None
+    blocks_per_sm: int | None = None
+    fixup: str = fixup_registry.AUTO
+    deterministic: bool = False
+    policy: str = "stream_k"
+    splits: int | None = None
+    variant: str | None = None
+    group: int | None = None
+
+
+def validate(request: Request) -> None:
+    """Refuse knobs that are wrong whatever the kernel (what ``stream_k`` checks before it
+    looks at the schedule)."""
+    if request.fixup != fixup_registry.AUTO:
+        fixup = fixup_registry.get(request.fixup)
+        if request.deterministic and not fixup.deterministic:
+            raise StreamKError(
+                "fixup",
+                f"deterministic=True with fixup={request.fixup!r}",
+                "Its merges depend on arrival order; use a deterministic fix-up "
+                f"({[n for n in fixup_registry.names() if fixup_registry.get(n).deterministic]}) "
+                "or 'auto'.",
+            )
+    if request.group is not None and (not isinstance(request.group, int) or request.group < 1):
+        raise StreamKError("group", f"group={request.group!r}", "Pass a positive int, or None.")
+    try:
+        decomposition.check_policy_args(request.policy, request.splits, request.variant)
+    except decomposition.DecompositionError as err:
+        raise StreamKError.stated(COND_KNOB, str(err)) from None
+
+
+@dataclass(frozen=True)
+class SmCount:
+    """The SM count a decision plans for now (``planned``), and what it records (``recorded``:
+    the count itself, :data:`~.record.DEVICE_SMS` or :data:`~.record.TARGET_SMS`)."""
+
+    planned: int
+    recorded: int
+
+    @property
+    def deferred(self) -> bool:
+        return self.recorded in (DEVICE_SMS, TARGET_SMS)
+
+
+def sm_count(request: Request, site, target: tvm.target.Target | None) -> SmCount:
+    """The SM count of ``request`` on ``target``.
+
+    With no count and no target the table knows, a concrete policy's decision (not a
+    fragment's, whose aligned split is chosen now) is left to the target the module is
+    compiled for; ``"device"`` reads it at run time. Both plan for one SM now: the lowering
+    evaluates the same closed forms on the run-time grid, or plans again for the target.
+    """
+    if request.num_sms == "device":
+        rules.check_runtime_grid(request.policy, site)
+        return SmCount(1, DEVICE_SMS)
+    try:
+        count = gpus.num_sms_for_target(request.num_sms, target)
+        return SmCount(count, count)
+    except gpus.UnknownGPUError as err:
+        deferrable = (
+            request.num_sms is None
+            and policies.chooser(request.policy) is None
+            and not site.fragment_accumulator
+            and (target is None or target.kind.name == "opencl")
+        )
+        if deferrable:
+            return SmCount(1, TARGET_SMS)
+        raise StreamKError(COND_NUM_SMS, str(err), "Pass num_sms=<the GPU's SM count>.") from None
+
+
+def fixup_for(request: Request, site, target) -> str:
+    """The fix-up of ``request``: its own, or the registry's default for ``"auto"``."""
+    if request.fixup != fixup_registry.AUTO:
+        return request.fixup
+    return fixup_registry.default(site, target, request.deterministic)
+
+
+def decide(
+    site,
+    request: Request,
+    target: tvm.target.Target | None,
+    blocks_per_sm: int,
+    dp_blocks_per_sm: int | None = None,
+    warps_per_block: int | None = None,
+) -> tuple[Decision, decomposition.Plan]:
+    """The concrete decision and its plan for ``request`` on ``site`` with ``blocks_per_sm``
+    resident blocks (``dp_blocks_per_sm`` and ``warps_per_block``: the data-parallel
+    kernel's occupancy, when known, for a chooser's model).
+
+    Raises
+    ------
+    StreamKError
+        The first precondition the decision fails (:func:`~.check.check`).
+    """
+    validate(request)
+    rules.check_one_panel_loop(site)
+    rules.check_group(request.group, site)
+    rules.check_ragged(site, request.policy)
+    rules.check_runtime_tiles(site, request.policy, request.group)
+    sms = sm_count(request, site, target)
+    fixup = fixup_for(request, site, target)
+    if request.fixup != fixup_registry.AUTO and policies.chooser(request.policy) is None:
+        # A fix-up asked for by name with a policy asked for by name: refused whatever the
+        # plan turns out to be. A chooser's choice comes first (_chosen).
+        rules.check_fixup(site, fixup, target)
+    if _chooses(site, request):
+        decision, chosen = _chosen(
+            site, request, sms, fixup, target, blocks_per_sm, dp_blocks_per_sm, warps_per_block
+        )
+    else:
+        # A concrete policy is planned by the check itself: the primitive refuses it with the
+        # very message the lowering and MetaSchedule would.
+        rule = policies.get(request.policy, request.variant)
+        decision = Decision(
+            policy=rule.name,
+            variant=rule.variant,
+            num_sms=sms.recorded,
+            blocks_per_sm=blocks_per_sm,
+            splits=request.splits if rule.takes_splits else 1,
+            fixup=fixup,
+            group=request.group or 0,
+        )
+        chosen = None
+    # A decision left to the compile target's count is checked as planned now (for one SM);
+    # the lowering checks it again for the target's count.
+    checked = replace(decision, num_sms=sms.planned) if sms.recorded == TARGET_SMS else decision
+    plan = check(site, checked, target)
+    chosen = plan if chosen is None else chosen
+    if site.ragged is not None and not chosen.scheme.is_original:
+        chosen = chosen.with_reason(
+            "Stream-K over the grouped GEMM's tiles: their count is known only on the device, "
+            "so the grid is the persistent one and the kernel reads the count from the group "
+            "offsets (the kernel as written launches a tile per group for the largest group's "
+            "every row tile)"
+        )
+    if sms.deferred:
+        when = (
+            "the run-time grid" if sms.recorded == DEVICE_SMS else "the compile target's SM count"
+        )
+        also = f"{chosen.reason}; " if site.runtime_tiles else ""
+        chosen = chosen.with_reason(f"{also}planned for one SM: the kernel uses {when}")
+    return decision, chosen
+
+
+def _chooses(site, request: Request) -> bool:
+    """Whether the decision is chosen here rather than taken as asked: a chooser's, a
+    fragment's aligned split for a policy that adapts to fragments, a grouped GEMM's walk."""
+    if policies.chooser(request.policy) is not None:
+        return True
+    rule = policies.get(request.policy, request.variant)
+    return bool(site.fragment_accumulator and rule.aligned_for_fragments and not site.runtime_tiles)
+
+
+def _chosen(site, request, sms, fixup, target, bps, dp_bps, warps):
+    """``(decision, plan)`` of a request whose plan is chosen (:func:`_chooses`). A chooser
+    with a fix-up the site cannot use keeps every tile whole."""
+    fixup_refusal = None
+    if policies.chooser(request.policy) is not None:
+        try:
+            rules.check_fixup(site, fixup, target)
+        except StreamKError as err:
+            fixup_refusal = err
+    busy = None
+    if dp_bps is not None and warps is not None:
+        busy = cost_model.saturation(warps, dp_bps)
+    try:
+        chosen = _choose(site, request, sms, bps, fixup, dp_bps, busy)
+        if fixup_refusal is not None and not chosen.scheme.is_original:
+            chosen = decomposition.plan(
+                site.tiles, site.panels, sms.planned, dp_bps or bps, rules.original_policy()
+            ).with_reason(f"data-parallel: the fix-up cannot split a tile here ({fixup_refusal})")
+    except decomposition.DecompositionError as err:
+        raise StreamKError.stated("decomposition", str(err)) from None
+    decision = Decision(
+        policy=chosen.policy,
+        variant=chosen.variant,
+        num_sms=sms.recorded,
+        blocks_per_sm=chosen.blocks_per_sm,
+        splits=chosen.splits,
+        fixup=fixup,
+        group=request.group or 0,
+    )
+    return decision, chosen
+
+
+def _choose(site, request, sms: SmCount, bps, fixup, dp_bps, busy) -> decomposition.Plan:
+    if site.runtime_tiles:
+        return _run_time_plan(site, request.policy, sms, bps, fixup)
+    if site.fragment_accumulator:
+        return _aligned_plan(site, request, sms.planned, bps, dp_bps, busy)
+    return decomposition.plan(
+        site.tiles,
+        site.panels,
+        sms.planned,
+        blocks_per_sm=bps,
+        policy=request.policy,
+        splits=request.splits,
+        variant=request.variant,
+        fixup=fixup,
+        dp_blocks_per_sm=dp_bps,
+        saturation=busy,
+    )
+
+
+def _aligned_plan(site, request: Request, sms: int, bps: int, dp_bps, busy):
+    """The aligned split ``S`` (a divisor of the panel count, 1 being data-parallel) the cost
+    model predicts fastest, for a tensor-core fragment accumulator asked for by a chooser or a
+    policy that adapts to fragments (:func:`.rules.check_fragment_plan` says why only these)."""
+    panels = site.panels
+    dp_bps = bps if dp_bps is None else dp_bps
+    candidates = [decomposition.plan(site.tiles, panels, sms, dp_bps, rules.original_policy())]
+    candidates += [
+        decomposition.plan(site.tiles, panels, sms, bps, rules.aligned_policy(), d)
+        for d in range(2, panels + 1)
+        if panels % d == 0
+    ]
+    times = [cost_model.predicted_time(c, sms, saturation=busy) for c in candidates]
+    return candidates[min(range(len(candidates)), key=lambda i: (times[i], i))]
+
+
+def _run_time_plan(site, policy: str, sms: SmCount, bps: int, fixup: str):
+    """A chooser's plan of a run-time tile count: Stream-K or data-parallel chosen per tile
+    count when the kernel runs (:mod:`tvm_streamk.run_time_choice`); the Stream-K walk for a
+    grouped GEMM; data-parallel for a tensor-core fragment (whose splits are fixed at compile
+    time)."""
+    device = sms.recorded == DEVICE_SMS
+    if site.ragged is not None:
+        return decomposition.plan_at_run_time(
+            site.tile_count,
+            site.panels,
+            sms.planned,
+            bps,
+            rules.run_time_walker(),
+            runtime_sms=device,
+        )
+    if site.fragment_accumulator:
+        chosen = decomposition.plan_at_run_time(
+            site.tile_count, site.panels, sms.planned, bps, rules.original_policy()
+        )
+        return chosen.with_reason(
+            "data-parallel: a tensor-core fragment takes only splits fixed at compile time, and "
+            "the tile count is known only at run time"
+        )
+    chosen = decomposition.plan_at_run_time(
+        site.tile_count,
+        site.panels,
+        sms.planned,
+        bps,
+        StreamKOrDataParallel.name,
+        variant=StreamKOrDataParallel.variant,
+    )
+    return chosen.with_reason(describe(stream_k_buckets(site.panels, sms.planned, bps, fixup)))

@@ -1,0 +1,233 @@
+"""The preconditions of a decision, each stated once.
+
+Preconditions of the block alone (its loops, accumulator, write-back) are found by
+:mod:`tvm_streamk.analysis`; the ones here combine the analysed site with a decision. They take
+a policy by name, concrete or a chooser (``"heuristic"``), and ask the policy registry what the
+policy can do: nothing here switches on a policy's name. :func:`tvm_streamk.decision.check`
+calls them in order; the primitive also asks the ones that bound what a chooser may choose
+before it chooses.
+"""
+
+from __future__ import annotations
+
+from .. import fixup_registry
+from ..analysis.ragged import COND_RAGGED
+from ..decomposition import policy as policies
+from ..errors import StreamKError
+from .record import COND_DECISION, DEVICE_SMS, TARGET_SMS, Decision
+
+# Condition names of the rules below, as StreamKError.condition reports them.
+COND_RUNTIME_GRID = "num-sms"
+COND_GROUP = "group"
+COND_FRAGMENT_SPLIT = "fragment-aligned-split"
+COND_PANEL_CHAIN = "panel-loop"
+COND_RUNTIME_TILES = "runtime-tiles"
+
+
+def _where(site) -> str:
+    return f"block {site.block.name_hint!r}"
+
+
+def walks_run_time_tiles(policy: str) -> bool:
+    """Whether ``policy`` can walk a tile count known only at run time: its closed forms take a
+    run-time grid, or it is the kernel as written; a chooser picks among those."""
+    if policies.chooser(policy) is not None:
+        return True
+    rule = policies.get(policy)
+    return rule.runtime_grid or rule.is_original
+
+
+def original_policy() -> str:
+    """The policy that is the kernel as written (data-parallel)."""
+    return next(p.name for p in policies.concrete() if p.is_original)
+
+
+def aligned_policy() -> str:
+    """The policy that cuts every tile into equal panel ranges (split-K): what a tensor-core
+    fragment takes."""
+    return next(p.name for p in policies.concrete() if p.takes_splits)
+
+
+def run_time_walker() -> str:
+    """The policy whose closed forms take a grid and a tile count known at run time
+    (Stream-K): what a grouped GEMM's tiles are walked by."""
+    return next(p.name for p in policies.concrete() if p.runtime_grid)
+
+
+def _run_time_capable() -> str:
+    """``policy='data_parallel' or 'stream_k' or 'heuristic'``: what takes a run-time tile
+    count."""
+    names = [p.name for p in policies.concrete() if p.runtime_grid or p.is_original]
+    names = [*dict.fromkeys(names), *policies.choosers()]
+    return "policy=" + " or ".join(map(repr, names))
+
+
+def check_recorded(decision: Decision, site) -> None:
+    """Refuse recorded numbers outside their domain (a decision written by hand, or sampled)."""
+    if (
+        decision.num_sms < TARGET_SMS
+        or decision.group < 0
+        or decision.blocks_per_sm < 1
+        or decision.splits < 1
+    ):
+        raise StreamKError(
+            COND_DECISION,
+            f"num_sms={decision.num_sms}, blocks_per_sm={decision.blocks_per_sm}, "
+            f"splits={decision.splits}, group={decision.group} on {_where(site)}",
+            f"Record a positive SM count (or {DEVICE_SMS} for the device's, {TARGET_SMS} for "
+            "the compile target's), blocks_per_sm and splits >= 1, and a group >= 0.",
+        )
+
+
+def check_one_panel_loop(site) -> None:
+    """Refuse a reduction whose K-panels are several nested loops (``rh, rw, rc_0``).
+
+    Splitting the outermost alone would give Stream-K ``rh`` panels; the loops must be fused
+    into one panel loop first, which :func:`tvm_streamk.stream_k` does (a ``fuse`` in the
+    trace).
+    """
+    if len(site.panel_chain) <= 1:
+        return
+    names = [loop.loop_var.name for loop in site.panel_chain]
+    raise StreamKError(
+        COND_PANEL_CHAIN,
+        f"the reduction of {_where(site)} runs over the nested loops {names}, "
+        f"{' x '.join(str(int(loop.extent)) for loop in site.panel_chain)} panels",
+        f"Fuse them into one K-panel loop first (sch.fuse over {names}); "
+        "tvm_streamk.stream_k does so itself.",
+    )
+
+
+def check_fixup(site, fixup: str, target) -> None:
+    """Refuse a fix-up the site (or the target, None before one is known) cannot use: the
+    fix-up's own check (:mod:`tvm_streamk.fixup_registry`)."""
+    fixup_registry.get(fixup).check(site, target)
+
+
+def check_group(group: int | None, site) -> None:
+    """Refuse a tile-row group (``group=g``) on a band of fewer than two dimensions.
+
+    The grouped order walks ``g`` tile rows column-major, which needs a row and a column axis;
+    MetaSchedule's MultiLevelTiling fuses its tiles into one ``blockIdx`` loop.
+    """
+    if group and len(site.band_extents) < 2:
+        raise StreamKError(
+            COND_GROUP,
+            f"group={group} for the one-dimensional tile band {tuple(site.band_extents)} of "
+            f"{_where(site)}",
+            "Drop group (the fused band has no tile rows to group), or keep the tile loops "
+            "unfused (one blockIdx loop per axis).",
+        )
+
+
+def check_ragged(site, policy: str) -> None:
+    """Refuse a decision a grouped GEMM cannot take.
+
+    Its tile count is read on the device (:mod:`tvm_streamk.analysis.ragged`), so only a
+    policy that walks a run-time tile count can take it (:func:`walks_run_time_tiles`); a
+    tensor-core fragment only the kernel as written.
+    """
+    if site.ragged is None:
+        return
+    if not walks_run_time_tiles(policy):
+        raise StreamKError(
+            COND_RAGGED,
+            f"policy={policy!r} for the grouped GEMM of {_where(site)}, whose tile count only "
+            "the device knows",
+            f"Pass {_run_time_capable()}.",
+        )
+    original = policies.chooser(policy) is None and policies.get(policy).is_original
+    if site.fragment_accumulator and not original:
+        raise StreamKError(
+            COND_RAGGED,
+            f"a tensor-core fragment accumulator in the grouped GEMM of {_where(site)}",
+            "Fragments take only aligned splits fixed at compile time: use policy="
+            "'data_parallel', or accumulate in registers.",
+        )
+
+
+def check_runtime_tiles(site, policy: str, group: int | None) -> None:
+    """Refuse a decision a tile count known only at run time (a dynamic M) cannot take.
+
+    The persistent grid is then computed at run time and the kernel evaluates the closed forms
+    on the run-time count: only a policy that walks a run-time tile count can
+    (:func:`walks_run_time_tiles`); a chooser records one of those chosen per count when the
+    kernel runs (:mod:`tvm_streamk.run_time_choice`). Tensor-core fragments take only aligned
+    splits, whose grid is fixed at compile time, and the grouped tile order divides by the
+    band's extents.
+    """
+    if not site.runtime_tiles:
+        return
+    found = f"the run-time tile count {site.tile_count} of {_where(site)}"
+    if not walks_run_time_tiles(policy):
+        raise StreamKError(
+            COND_RUNTIME_TILES,
+            f"policy={policy!r} for {found}",
+            f"Pass {_run_time_capable()}, or specialise the shape (one kernel per M) for the "
+            "other policies.",
+        )
+    chooser = policies.chooser(policy) is not None
+    if not chooser and policies.get(policy).is_original:
+        return
+    # A chooser keeps a fragment kernel data-parallel.
+    if site.fragment_accumulator and not chooser:
+        raise StreamKError(
+            COND_RUNTIME_TILES,
+            f"a tensor-core fragment accumulator with {found}",
+            "Fragments take only aligned splits, fixed at compile time: specialise the shape, "
+            "or use policy='data_parallel'.",
+        )
+    if group:
+        raise StreamKError(
+            COND_RUNTIME_TILES,
+            f"group={group} with {found}",
+            "Drop group: the grouped order needs compile-time tile extents.",
+        )
+
+
+def check_runtime_grid(policy: str, site) -> None:
+    """Refuse a grid read from the device at run time (``num_sms="device"``) where it cannot
+    work.
+
+    Only a policy whose closed forms take a grid variable can; the others fix their grid from
+    the SM count at compile time, and a chooser needs the count to choose. Tensor-core
+    fragments take only the aligned split-K, whose grid is the tile count times the split.
+    Every fix-up works: the workspace is sized for the largest grid the run time launches
+    (:meth:`~tvm_streamk.decomposition.Plan.runtime_grid_bound`).
+    """
+    if site.fragment_accumulator:
+        raise StreamKError(
+            COND_RUNTIME_GRID,
+            f"num_sms='device' for the tensor-core fragment accumulator of {_where(site)}",
+            "The aligned split of fragments fixes its grid at compile time; pass num_sms.",
+        )
+    capable = list(dict.fromkeys(p.name for p in policies.concrete() if p.runtime_grid))
+    chooser = policies.chooser(policy) is not None
+    if chooser or not policies.get(policy).runtime_grid:
+        raise StreamKError(
+            COND_RUNTIME_GRID,
+            f"num_sms='device' with policy={policy!r} on {_where(site)}",
+            f"Only policy {' or '.join(map(repr, capable))} derives its work split from the "
+            "run-time grid; pass num_sms for the other policies.",
+        )
+
+
+def check_fragment_plan(plan, site) -> None:
+    """Refuse a plan a tensor-core fragment accumulator cannot take.
+
+    Fragments have no addressable elements and the software pipeline over K panels needs a
+    constant trip count, so a fragment tile is only ever computed whole (a policy that is the
+    kernel as written) or cut into ``S`` equal panel ranges with ``S`` dividing the panel count
+    (:meth:`~tvm_streamk.decomposition.policy.Policy.aligned_splits`).
+    """
+    if not site.fragment_accumulator or plan.scheme.is_original or plan.aligned_splits is not None:
+        return
+    divisors = [d for d in range(2, plan.panels + 1) if plan.panels % d == 0]
+    raise StreamKError(
+        COND_FRAGMENT_SPLIT,
+        f"a {plan.label} decomposition of {plan.panels} panels for the tensor-core fragment "
+        f"accumulator of {_where(site)}",
+        f"Fragments take only aligned splits: split_k with a split that divides the panel "
+        f"count, one of {divisors}, or data_parallel (policy 'stream_k' or 'heuristic' picks "
+        "one for you in tvm_streamk.stream_k).",
+    )

@@ -1,0 +1,115 @@
+"""The memory-model interface and its registry (:mod:`tvm_streamk.memory_model`)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import tvm
+from tvm import tirx
+
+from ..errors import StreamKError
+
+COND_TARGET = "target"
+
+
+class MemoryModel:
+    """What one target kind's memory model gives a fix-up.
+
+    Subclass, set ``kind``, implement the methods and decorate with :func:`register`. Every
+    method builds TIR; none inspects a kernel.
+
+    Attributes
+    ----------
+    kind : str
+        The TVM target kind (``target.kind.name``) the model is for.
+    cumulative_fences : bool
+        Whether one thread's device-scope fence also orders the accesses the other threads of
+        its block made before a block barrier (PTX's fences are cumulative). Then a block's
+        leader alone fences around the hand-off; otherwise every thread fences its own.
+    truncating_divisions : bool
+        Whether closed forms divided by a grid read at run time should truncate rather than
+        floor (both agree on the non-negative values they divide; :mod:`.opencl` says why).
+    """
+
+    kind: ClassVar[str] = ""
+    cumulative_fences: ClassVar[bool] = False
+    truncating_divisions: ClassVar[bool] = False
+
+    def __init__(self, target: tvm.target.Target):
+        self.target = target
+
+    def fence(self) -> tirx.Stmt:
+        """A device-scope fence of global memory, for the calling thread."""
+        raise NotImplementedError
+
+    def atomic_add_error(self, dtype: str) -> str | None:
+        """Why the target has no atomic add for ``dtype``, or None when it has one."""
+        raise NotImplementedError
+
+    def atomic_add(self, dtype: str, address, value) -> tirx.Expr:
+        """``*address += value`` atomically, returning the old value."""
+        raise NotImplementedError
+
+    def handed_off(self, load: tirx.BufferLoad, dtype: str) -> tirx.Expr:
+        """``load`` of a value another block stored before its arrival, read after this
+        block saw the arrival: where no stale cached copy can serve it."""
+        raise NotImplementedError
+
+    def partial_dtype(self, dtype: str) -> str:
+        """The element type a ``dtype`` partial sum is stored as in the workspace."""
+        return dtype
+
+    def store_partial(self, value: tirx.Expr, dtype: str) -> tirx.Expr:
+        """``value`` (of ``dtype``) as the workspace stores it."""
+        return value
+
+    def load_partial(self, load: tirx.BufferLoad, dtype: str) -> tirx.Expr:
+        """A stored partial of ``dtype`` read back by the last arriver."""
+        raise NotImplementedError
+
+    def lanes_in_one_access(self, lanes: int, dtype: str) -> bool:
+        """Whether ``lanes`` elements of ``dtype`` can be stored and read back as one access
+        (then a thread's lanes of a partial tile stay together in its slot)."""
+        return False
+
+    def read_lanes(self, workspace: tirx.Buffer, slot, group, lanes: int, dtype: str):
+        """``(declarations, value)``: the ``group``-th run of ``lanes`` consecutive elements of
+        the workspace slot ``slot``, stored by another block, read as one access and returned
+        as a ``dtype`` vector."""
+        raise NotImplementedError
+
+
+_MODELS: dict[str, type[MemoryModel]] = {}
+
+
+def register(cls: type[MemoryModel]) -> type[MemoryModel]:
+    """Class decorator adding a :class:`MemoryModel` subclass for its ``kind``."""
+    if not cls.kind:
+        raise ValueError(f"memory model {cls.__name__} must set kind")
+    if cls.kind in _MODELS and _MODELS[cls.kind] is not cls:
+        raise ValueError(f"a memory model for target kind {cls.kind!r} is already registered")
+    _MODELS[cls.kind] = cls
+    return cls
+
+
+def kinds() -> tuple[str, ...]:
+    """The target kinds with a memory model."""
+    return tuple(_MODELS)
+
+
+def for_target(target: tvm.target.Target) -> MemoryModel:
+    """The memory model of ``target``'s kind.
+
+    Raises
+    ------
+    StreamKError
+        For a target kind without one (the fix-ups cannot be emitted for it).
+    """
+    cls = _MODELS.get(target.kind.name)
+    if cls is None:
+        raise StreamKError(
+            COND_TARGET,
+            f"target kind {target.kind.name!r}, which has no memory model for the fix-ups",
+            f"Build for one of {list(kinds())}, or use policy='data_parallel'.",
+        )
+    return cls(target)
