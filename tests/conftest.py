@@ -1,9 +1,11 @@
 """Shared fixtures: the OpenCL executors the numeric tests run on.
 
 A module that runs kernels says ``pytestmark = pytest.mark.usefixtures("opencl")``: each of its
-tests then runs once per usable PoCL on this machine (pip's where it builds on this CPU,
-Debian's). A machine with none fails those tests with the probe's findings instead of skipping
-them: a skipped numeric suite would read as a pass.
+tests then runs on the default executor (the first usable PoCL that builds with its
+optimiser), and with ``-m executors`` on every other usable PoCL of this machine (pip's where
+it builds on this CPU, Debian's): the two compile the same kernel differently, and kernels must
+not depend on one compiler's luck. A machine with none fails those tests with the probe's
+findings instead of skipping them: a skipped numeric suite would read as a pass.
 """
 
 import pytest
@@ -29,7 +31,15 @@ def _require(executor: str | None = None):
         pytest.fail(str(err), pytrace=False)
 
 
-@pytest.fixture(params=[e.key for e in EXECUTORS] or ["missing"])
+def _executor_params() -> list:
+    if not EXECUTORS:
+        return ["missing"]
+    first = pocl.device.preferred(EXECUTORS)
+    others = [e for e in EXECUTORS if e.key != first.key]
+    return [first.key, *(pytest.param(e.key, marks=pytest.mark.executors) for e in others)]
+
+
+@pytest.fixture(params=_executor_params())
 def opencl(request):
     """Every usable PoCL in turn, made current for the test."""
     executor = _require(None if request.param == "missing" else request.param)

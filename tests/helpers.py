@@ -1,9 +1,30 @@
-"""Small IR inspections shared by the tests."""
+"""What the tests share: targets, tolerances, paths and small IR inspections.
+
+One home for each: a test module imports these by name and never defines its own copy, nor
+imports another test module's private helpers (shared kernels are in :mod:`tests.kernels`).
+"""
 
 import re
+from pathlib import Path
 
 import tvm
 import tvm_ffi
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+EXPECTED_IR = TESTS / "expected_ir"
+STANDINS = TESTS / "standins"
+
+OPENCL = tvm.target.Target({"kind": "opencl"})
+A100 = tvm.target.Target("nvidia/nvidia-a100")
+H100 = tvm.target.Target("nvidia/nvidia-h100")
+# The archs the ptxas budget tests build for, by the tag of a GPU of each, and its SMs.
+SM_TARGETS = {"sm_80": "nvidia/nvidia-a100", "sm_90": "nvidia/nvidia-h100"}
+SM_COUNTS = {"sm_80": 108, "sm_90": 132}
+# fp32 accumulation of the tests' K products of values in [-1, 1] stays within this of float64,
+# relative to the largest output (max|out - ref| / max|ref|).
+FP32_TOL = 1e-5
+FIXUPS = ("atomic", "workspace")
 
 
 def block_idx_extents(mod: tvm.IRModule, func: str = "main") -> list[tuple[str, int]]:

@@ -127,7 +127,7 @@ def stream_k(
     After, the block carries the decision; ``tvm_streamk.lower(mod, target)`` shows the persistent
     kernel: a ``blockIdx.x`` loop of 4 blocks, each walking its share of the 30 (tile, panel)
     iterations one tile segment at a time, plus a prologue kernel zeroing the split tiles (see
-    ``tests/test_lower_structural.py`` for a complete expected IR).
+    ``tests/transform/test_lower_structural.py`` for a complete expected IR).
     """
     request = Request(
         num_sms=num_sms,

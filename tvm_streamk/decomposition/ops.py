@@ -37,9 +37,10 @@ class Ops(Protocol):
     (``tir.floordiv``, ``tir.floormod``, ``tir.min``, ``tir.max``, ``tir.Select``, comparisons and
     ``tir.And``). ``select`` may evaluate both branches, so the closed forms keep both safe.
     A division whose value is used divides a non-negative value by a positive one
-    (``tests/test_decomposition.py`` checks every closed form the lowering emits): the lowering
-    divides with truncation where that is cheaper (by the run-time grid for OpenCL, and in the
-    workspace fix-up's peer walk), which agrees with the floor division only there.
+    (``tests/decomposition/test_decomposition.py`` checks every closed form the lowering
+    emits): the lowering divides with truncation where that is cheaper (by the run-time grid
+    for OpenCL, and in the workspace fix-up's peer walk), which agrees with the floor division
+    only there.
     """
 
     def floordiv(self, a: Any, b: Any) -> Any: ...

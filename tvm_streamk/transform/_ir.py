@@ -387,9 +387,9 @@ def truncating(node, divisor=None):
     For the closed forms of :mod:`tvm_streamk.decomposition`, whose divisions divide a
     non-negative value by a positive one where their value is used (the
     :class:`~tvm_streamk.decomposition.Ops` contract, checked by
-    ``tests/test_decomposition.py``), the two agree. A floor division by a value TVM cannot sign
-    (a run-time count) lowers to a division, a modulo and a sign test; a truncating one is the
-    division alone.
+    ``tests/decomposition/test_decomposition.py``), the two agree. A floor division by a value
+    TVM cannot sign (a run-time count) lowers to a division, a modulo and a sign test; a
+    truncating one is the division alone.
     """
     if isinstance(node, int):
         return node

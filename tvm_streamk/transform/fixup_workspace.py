@@ -554,8 +554,8 @@ class WorkspaceFixup(fixup.Fixup):
         write-back, and nvcc keeps their values live across the copies: 102 registers against
         the data-parallel kernel's 80 for a ResNet-50 convolution's implicit GEMM on sm_80 (80
         rolled), 36 bytes of spills in a MetaSchedule split-K on sm_90 (none rolled), 112 against
-        94 for dlight's WMMA split-K on sm_80 (100 rolled); ``tests/test_ptxas.py``. The walk
-        is the last arriver's alone, once per split tile. A write-back that reads another
+        94 for dlight's WMMA split-K on sm_80 (100 rolled); ``tests/transform/test_ptxas.py``.
+        The walk is the last arriver's alone, once per split tile. A write-back that reads another
         register buffer than the accumulator keeps the unrolled form: indexed by a rolled loop,
         that buffer would move to local memory.
 

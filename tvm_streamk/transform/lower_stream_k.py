@@ -142,7 +142,7 @@ def _bind_runtime_grid(
 
     Where the target's memory model asks for it (OpenCL, :mod:`tvm_streamk.memory_model.opencl`:
     the dlight schedule's vectorised zeroing for the atomic fix-up did not compile,
-    tests/test_knob_fuzz.py) the divisions by the count truncate. The closed forms divide
+    tests/decision/test_knob_fuzz.py) the divisions by the count truncate. The closed forms divide
     non-negative values by this positive count, where the two divisions agree. CUDA keeps the
     floor division: the truncating one cost the sm_80 workspace kernel a register it then
     spilled (4 to 56 bytes).

@@ -1,0 +1,168 @@
+"""Whole models: the StreamKMatmul dlight rule and the Stream-K Relax pipeline."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import tvm_streamk
+from tests.helpers import A100, H100
+from tests.kernels import dlight_matmul
+from tvm_streamk import pocl, workloads
+from tvm_streamk._compat import dlight
+from tvm_streamk.analysis import blocks_under
+from tvm_streamk.decision import record as ann
+from tvm_streamk.dlight import StreamKMatmul
+from tvm_streamk.relax_pipeline import relax_pipeline
+
+
+def _mlp(M: int, K: int, N: int, epilogue: bool, dtype: str = "float32") -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((M, K), dtype))
+    w = relax.Var("w", relax.TensorType((K, N), dtype))
+    b = relax.Var("b", relax.TensorType((N,), dtype))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.matmul(x, w))
+            if epilogue:
+                h = bb.emit(relax.op.nn.relu(relax.op.add(h, b)))
+            out = bb.emit_output(h)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _cuda_source(executable) -> str:
+    def modules(m):
+        for imported in m.imports:
+            yield imported
+            yield from modules(imported)
+
+    (cuda,) = [m for m in modules(executable.mod) if m.kind == "cuda"]
+    return cuda.inspect_source()
+
+
+def _decisions(mod: tvm.IRModule) -> list[ann.Decision]:
+    found = []
+    for func in mod.functions.values():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            for block in blocks_under(func.body):
+                if ann.has_decision(block.annotations):
+                    found.append(ann.decode(block.annotations, block.name_hint))
+    return found
+
+
+def test_model_with_fused_epilogue_compiles_with_stream_k():
+    # 133 x 4 tiles of dlight's 32 x 64 over K = 4096 on 132 SMs of 8 resident blocks each:
+    # few tiles with a long K; bias + ReLU fused.
+    pipeline = relax_pipeline(H100)
+    lib = tvm.compile(
+        _mlp(133 * 32, 4096, 4 * 64, epilogue=True),
+        target=H100,
+        relax_pipeline=pipeline,
+        tir_pipeline="tvm_streamk",
+    )
+    assert pipeline.rule.skipped == {}
+    source = _cuda_source(lib)
+    # The epilogue needs the workspace fix-up: slots, arrival counters, fences.
+    assert "sk_workspace" in source and "sk_arrivals" in source and "__threadfence" in source
+
+
+def test_rule_keeps_data_parallel_when_tiles_fill_whole_waves():
+    # 1056 tiles of 32 x 64: whole waves of 132 SMs x 8 resident blocks (x 1 without nvcc).
+    mod = relax.transform.LegalizeOps()(_mlp(1056 * 32, 512, 64, epilogue=False))
+    with H100:
+        mod = dlight.ApplyDefaultSchedule(StreamKMatmul(), dlight.gpu.Fallback())(mod)
+    (decision,) = _decisions(mod)
+    assert decision.policy == "data_parallel" and decision.num_sms == 132
+
+
+@pytest.mark.usefixtures("opencl")
+def test_rule_output_is_correct_on_pocl():
+    # 3 x 2 tiles of 32 x 64 on 4 SMs with 64 K-panels: two waves, the last half empty.
+    mod = relax.transform.LegalizeOps()(_mlp(96, 1024, 128, epilogue=False))
+    rule = StreamKMatmul(num_sms=4)
+    with A100:
+        mod = dlight.ApplyDefaultSchedule(rule, dlight.gpu.Fallback())(mod)
+    (decision,) = _decisions(mod)
+    assert decision.policy != "data_parallel", rule.skipped
+    (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    args = workloads.random_args(func)
+    out = pocl.run(func, *args, pipeline="tvm_streamk")[-1]
+    ref = args[0].astype(np.float64) @ args[1].astype(np.float64)
+    assert workloads.relative_error(out, ref) <= 1e-5
+
+
+def test_unknown_gpu_asks_for_num_sms():
+    mod = relax.transform.LegalizeOps()(_mlp(160, 512, 192, epilogue=False))
+    unknown = tvm.target.Target({"kind": "cuda", "arch": "sm_89", "max_num_threads": 1024})
+    # The rule runs behind TVM's FFI, which re-raises Python errors as RuntimeError.
+    with pytest.raises((tvm_streamk.StreamKError, RuntimeError)) as info, unknown:
+        dlight.ApplyDefaultSchedule(StreamKMatmul(), dlight.gpu.Fallback())(mod)
+    assert "[num-sms]" in str(info.value) and "StreamKMatmul(num_sms=" in str(info.value)
+
+
+def test_pipeline_refuses_non_cuda_targets():
+    with pytest.raises(ValueError, match="CUDA"):
+        relax_pipeline(tvm.target.Target({"kind": "opencl"}))
+
+
+def test_fp16_matmul_for_the_h100_tag_uses_tensor_cores():
+    """The H100 tag's arch is sm_90a, which TVM 0.27's dlight does not parse: stock dlight gives
+    fp16 matmuls plain registers there; this pipeline gives them the WMMA schedule."""
+    mod = _mlp(512, 512, 512, epilogue=False, dtype="float16")
+    lib = tvm.compile(
+        mod, target=H100, relax_pipeline=relax_pipeline(H100), tir_pipeline="tvm_streamk"
+    )
+    assert "wmma::mma_sync" in _cuda_source(lib)
+    # Stock dlight, for contrast: the same matmul gets WMMA for sm_90 and not for the tag.
+    for target, tensor_cores in (({"kind": "cuda", "arch": "sm_90"}, True), (H100, False)):
+        func = dlight_matmul(
+            512, 512, 512, dlight.gpu.Matmul(), tvm.target.Target(target), "float16"
+        )
+        assert ("wmma" in func.script()) == tensor_cores, target
+
+
+def test_rule_reports_every_kernel_under_a_readable_key():
+    # Fused Relax functions have no symbol when dlight runs: the report keys them by shapes.
+    pipeline = relax_pipeline(H100)
+    tvm.compile(
+        _mlp(133 * 32, 4096, 4 * 64, epilogue=True),
+        target=H100,
+        relax_pipeline=pipeline,
+        tir_pipeline="tvm_streamk",
+    )
+    rule = pipeline.rule
+    assert "" not in rule.decided and "" not in rule.skipped
+    ((key, plan),) = rule.decided.items()
+    assert key.startswith("kernel(4256x4096 float32, 4096x256 float32"), key
+    assert plan.policy != "data_parallel" and plan.reason
+
+
+def test_dynamic_token_count_gets_a_run_time_choice():
+    # A symbolic M (a Relax model's token count): one build, Stream-K or data-parallel per M.
+    m = tvm.tirx.Var("m", "int64")
+    pipeline = relax_pipeline(H100)
+    tvm.compile(
+        _mlp(m, 256, 192, epilogue=True), H100, relax_pipeline=pipeline, tir_pipeline="tvm_streamk"
+    )
+    ((key, chosen),) = pipeline.rule.decided.items()
+    assert key.startswith("kernel(mx256 float32, 256x192 float32"), key
+    assert (chosen.policy, chosen.variant) == ("stream_k", "or_data_parallel")
+    assert "Stream-K for the counts" in chosen.reason
+
+
+def test_rule_says_why_per_kernel():
+    # Two run-time extents (M and N): refused with the analysis's reason, keyed by the kernel.
+    m, n = tvm.tirx.Var("m", "int64"), tvm.tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, 64), "float32"))
+    w = relax.Var("w", relax.TensorType((64, n), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, w))
+        bb.emit_func_output(out)
+    pipeline = relax_pipeline(H100)
+    tvm.compile(bb.get(), H100, relax_pipeline=pipeline, tir_pipeline="tvm_streamk")
+    ((key, why),) = pipeline.rule.skipped.items()
+    assert key == "kernel(mx64 float32, 64xn float32, mxn float32)"
+    assert "[runtime-tiles]" in why and "all have run-time extents" in why

@@ -1,0 +1,238 @@
+"""The project's dlight rules for what ``gpu.Matmul`` does not take (issue 14, item 4).
+
+``StreamKGEMV``: low-batch matmuls with a K-major weight (a fully connected layer at batch 1);
+``StreamKDepthwise``: short multiply-accumulate reductions (depthwise convolutions). Each is
+scheduled by the rule alone under the A100 tag, given a decision of every policy on a grid of a
+few SMs, run on PoCL with the output poisoned and compared with float64 numpy within 1e-5 of
+the largest output (fp32 accumulation of at most 1000 products of values in [-1, 1]).
+"""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te, topi
+from tvm.s_tir import dlight as dl
+
+from tests.dlight_sites import A100, FIXUPS, FP32_TOL, schedule_with
+from tests.helpers import conv_reference_for
+from tvm_streamk import pocl, workloads
+from tvm_streamk.analysis import first_site
+from tvm_streamk.dlight import Decisions, StreamKDepthwise, StreamKGEMV, StreamKMatmul
+from tvm_streamk.transform.group_axis import split_group_axis
+
+on_every_pocl = pytest.mark.usefixtures("opencl")
+
+# Every policy with its knobs, as the rules take them (split-K with its split count).
+DECISIONS = {
+    "stream_k": {"policy": "stream_k"},
+    "hybrid": {"policy": "hybrid"},
+    "split_k": {"policy": "split_k", "splits": 2},
+    "data_parallel": {"policy": "data_parallel"},
+}
+
+
+def _scheduled(rule_type, func, policy: str, fixup: str = "auto"):
+    rule = rule_type(num_sms=3, blocks_per_sm=1, fixup=fixup, **DECISIONS[policy])
+    with A100:
+        mod = dl.ApplyDefaultSchedule(rule)(tvm.IRModule({"main": func}))
+    assert "tirx.is_scheduled" in mod["main"].attrs, f"{rule_type.__name__} declined"
+    assert not rule.skipped, rule.skipped
+    ((_, plan),) = rule.decided.items()
+    return mod, plan
+
+
+def _check(mod, plan, args, ref, policy):
+    if policy == "data_parallel":
+        assert not plan.split_tiles
+    else:
+        assert plan.split_tiles, f"{plan} splits no tile"
+    assert np.isnan(args[-1]).all()
+    out = pocl.run(mod, *args, pipeline="tvm_streamk")[-1]
+    error = workloads.relative_error(out, ref)
+    assert error <= FP32_TOL, (plan, error)
+
+
+# (rows, N, K, epilogue): 5 column tiles of 128 (the last partial), 12 to 16 K panels of 64.
+GEMV_CASES = {
+    "batch1": (1, 600, 1000, None),
+    "batch3-bias-relu": (3, 520, 770, "bias_relu"),
+}
+
+
+def _gemv_matrix():
+    for case, (*_, epilogue) in GEMV_CASES.items():
+        # An epilogue takes the workspace fix-up only (test_conv checks the atomic refusal).
+        for fixup in ("workspace",) if epilogue else FIXUPS:
+            for policy in DECISIONS:
+                yield pytest.param(case, policy, fixup, id=f"{case}-{policy}-{fixup}")
+
+
+@on_every_pocl
+@pytest.mark.parametrize("case,policy,fixup", list(_gemv_matrix()))
+def test_gemv_rule_matches_float64(case, policy, fixup):
+    rows, n, k, epilogue = GEMV_CASES[case]
+    func = workloads.gemm(rows, n, k, epilogue=epilogue)
+    mod, plan = _scheduled(StreamKGEMV, func, policy, fixup)
+    args = workloads.random_args(func)
+    _check(mod, plan, args, workloads.reference(func, args), policy)
+
+
+def test_gemv_rule_reads_the_weight_coalesced():
+    mod, _ = _scheduled(StreamKGEMV, workloads.gemm(1, 600, 1000), "stream_k")
+    text = mod["main"].script()
+    # Thread j of a block reads B[k, 128 * block + j]: consecutive threads, consecutive words.
+    assert "B[" in text and "threadIdx.x" in text
+    assert "x_shared" in text or "A_shared" in text
+
+
+@pytest.mark.parametrize(
+    "func,why",
+    [
+        (workloads.gemm(1, 600, 1000, layout="NT"), "weight N x K: dlight's gpu.GEMV's layout"),
+        (workloads.gemm(16, 600, 1000), "16 rows: a GEMM"),
+        (workloads.gemm(1, 100, 1000), "fewer than two column tiles"),
+        (workloads.gemv(600, 1000), "the reduction is the weight's innermost axis"),
+    ],
+)
+def test_gemv_rule_declines(func, why):
+    rule = StreamKGEMV(num_sms=3)
+    with A100:
+        assert rule.apply(func, A100, False) is None, why
+    assert not rule.decided and not rule.skipped
+
+
+def test_gemv_rule_binds_a_second_output():
+    # A dropout at inference adds a mask output of ones beside the layer (AlexNet's FC layers).
+    x = te.placeholder((1, 700), name="x")
+    w = te.placeholder((700, 300), name="w")
+    k = te.reduce_axis((0, 700), name="k")
+    y = te.compute((1, 300), lambda i, j: te.sum(x[i, k] * w[k, j], axis=k), name="y")
+    relu = topi.nn.relu(y)
+    mask = te.compute((1, 300), lambda i, j: tvm.tirx.const(1.0, "float32"), name="mask")
+    func = te.create_prim_func([x, w, relu, mask])
+    mod, plan = _scheduled(StreamKGEMV, func, "stream_k", "workspace")
+    args = workloads.random_args(func)
+    args[-2][:] = np.nan
+    out = pocl.run(mod, *args, pipeline="tvm_streamk")
+    ref = np.maximum(args[0].astype("float64") @ args[1].astype("float64"), 0)
+    assert workloads.relative_error(out[-2], ref) <= FP32_TOL
+    assert (out[-1] == 1.0).all()
+
+
+# Depthwise convolutions, in tiles of 128 outputs.
+DEPTHWISE_CASES = {
+    # 2*8*21*19 = 6384 outputs (50 tiles); K = 3*3 = 9: one panel of 16.
+    "nchw-3x3-pad1": {
+        "data_shape": (2, 8, 21, 19),
+        "weight_shape": (8, 1, 3, 3),
+        "layout": "NCHW",
+        "groups": 8,
+        "padding": 1,
+    },
+    # 2*11*10*16 = 3520 outputs (28 tiles, the last partial); K = 5*5 = 25: two panels;
+    # channel multiplier 2 (16 output channels, 2 per group), stride 2.
+    "nhwc-5x5-stride2-multiplier2": {
+        "data_shape": (2, 21, 19, 8),
+        "weight_shape": (5, 5, 1, 16),
+        "layout": "NHWC",
+        "groups": 8,
+        "stride": 2,
+        "padding": 2,
+    },
+}
+
+
+def _depthwise_matrix():
+    for case in DEPTHWISE_CASES:
+        for policy in DECISIONS:
+            for fixup in FIXUPS:
+                one_panel = case == "nchw-3x3-pad1"
+                if one_panel and policy != "data_parallel":
+                    continue  # one K panel: no policy but data-parallel can split it
+                yield pytest.param(case, policy, fixup, id=f"{case}-{policy}-{fixup}")
+
+
+@on_every_pocl
+@pytest.mark.parametrize("case,policy,fixup", list(_depthwise_matrix()))
+def test_depthwise_rule_matches_float64(case, policy, fixup):
+    kwargs = DEPTHWISE_CASES[case]
+    func = workloads.conv(**kwargs)
+    assert split_group_axis(func) is None
+    mod, plan = _scheduled(StreamKDepthwise, func, policy, fixup)
+    args = workloads.random_args(func)
+    _check(mod, plan, args, conv_reference_for(kwargs)(args), policy)
+
+
+def test_depthwise_rule_heuristic_keeps_one_panel_data_parallel():
+    func = workloads.conv(**DEPTHWISE_CASES["nchw-3x3-pad1"])
+    rule = StreamKDepthwise(num_sms=132)
+    with A100:
+        dl.ApplyDefaultSchedule(rule)(tvm.IRModule({"main": func}))
+    ((_, plan),) = rule.decided.items()
+    assert plan.panels == 1 and plan.policy == "data_parallel"
+
+
+@pytest.mark.parametrize(
+    "func",
+    [
+        pytest.param(workloads.gemm(64, 64, 1024), id="long-reduction"),
+        pytest.param(
+            te.create_prim_func(
+                [
+                    x := te.placeholder((4, 6, 6), name="x"),
+                    topi.nn.pool2d(x, (2, 2), (2, 2), (1, 1), (0, 0, 0, 0), "max", layout="CHW"),
+                ]
+            ),
+            id="max-pool",
+        ),
+    ],
+)
+def test_depthwise_rule_declines(func):
+    # A long reduction is a GEMM's or dlight's Reduction's; a max is not a multiply-accumulate.
+    rule = StreamKDepthwise(num_sms=3)
+    with A100:
+        assert rule.apply(func, A100, False) is None
+
+
+def test_rules_share_one_record():
+    shared = Decisions()
+    matmul = StreamKMatmul(num_sms=3, decisions=shared)
+    gemv = StreamKGEMV(num_sms=3, decisions=shared)
+    depthwise = StreamKDepthwise(num_sms=3, decisions=shared)
+    funcs = [
+        workloads.gemm(256, 256, 256),
+        workloads.gemm(1, 600, 1000),
+        workloads.conv(**DEPTHWISE_CASES["nchw-3x3-pad1"]),
+    ]
+    for func in funcs:
+        with A100:
+            dl.ApplyDefaultSchedule(matmul, gemv, depthwise)(tvm.IRModule({"main": func}))
+    assert len(shared.decided) == 3 and matmul.decided is gemv.decided is depthwise.decided
+
+
+def test_depthwise_schedule_is_a_stream_k_site():
+    func = workloads.conv(**DEPTHWISE_CASES["nhwc-5x5-stride2-multiplier2"])
+    scheduled, taken = schedule_with(func, StreamKDepthwise)
+    assert taken == "StreamKDepthwise" and first_site(scheduled) is not None
+
+
+def test_rules_refuse_policy_knobs_that_no_kernel_could_take():
+    # Checked once when the rule is made, not recorded per kernel in ``skipped``.
+    from tvm_streamk.decomposition import DecompositionError
+
+    with pytest.raises(DecompositionError, match="policy='split_k' needs splits=S"):
+        StreamKGEMV(policy="split_k")
+    with pytest.raises(DecompositionError, match="splits=2 only applies to policy='split_k'"):
+        StreamKMatmul(policy="stream_k", splits=2)
+    with pytest.raises(DecompositionError, match="splits must be a positive int, found 0"):
+        StreamKDepthwise(policy="split_k", splits=0)
+
+
+def test_the_pipeline_rules_share_the_policy_knobs():
+    from tvm_streamk.relax_pipeline import schedule_rules
+
+    rule = StreamKMatmul(num_sms=3, policy="split_k", splits=2)
+    ours = [r for r in schedule_rules(rule) if hasattr(r, "config")]
+    assert [type(r).__name__ for r in ours] == ["StreamKMatmul", "StreamKGEMV", "StreamKDepthwise"]
+    assert {r.config for r in ours} == {rule.config}
+    assert all(r.decisions is rule.decisions for r in ours)
