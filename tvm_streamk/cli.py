@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tvm-streamk",
         description="Stream-K work decomposition for Apache TVM TensorIR GPU kernels.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     demo = sub.add_parser(
         "demo",
@@ -192,10 +192,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_policy_flags(parser: argparse.ArgumentParser, args) -> None:
+    """Refuse policy flags that do not go together, naming the flags (not the Python keywords
+    they become)."""
+    policy = getattr(args, "policy", None)
+    if policy is None or decomposition.policy.chooser(policy) is not None:
+        takes_splits, variants = False, ()
+    else:
+        takes_splits = decomposition.policy.get(policy).takes_splits
+        variants = decomposition.policy.variants(policy)
+    if takes_splits and args.splits is None:
+        parser.error(f"--policy {policy} needs --splits N (K splits per tile, at least 2)")
+    if not takes_splits and args.splits is not None:
+        users = [p.name for p in decomposition.policy.concrete() if p.takes_splits]
+        parser.error(f"--splits goes with --policy {' or '.join(users)}, not --policy {policy}")
+    if args.variant is not None and args.variant not in variants:
+        owners = [p.name for p in decomposition.policy.concrete() if p.variant == args.variant]
+        parser.error(
+            f"--variant {args.variant} goes with --policy {' or '.join(owners)}, not --policy "
+            f"{policy}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``tvm-streamk`` with ``argv`` (default: the process arguments); return the status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:
+        # No command: say which there are, as `git` and `pip` do.
+        parser.print_help(sys.stderr)
+        return 2
+    _check_policy_flags(parser, args)
     try:
         return args.run(args)
     except (
@@ -336,6 +363,20 @@ def _parse_target(text: str):
         ) from None
 
 
+def _resident_blocks(args, target) -> int:
+    """Resident blocks per SM of the data-parallel kernel of ``args``' tiling on ``target``
+    (its shape does not change them): ``tvm_streamk.occupancy``'s count, 1 when it cannot be
+    had (no CUDA target, no nvcc)."""
+    from . import resources
+
+    probe = _schedule(workloads.gemm(2 * args.bm, args.bn, args.k, in_dtype=args.dtype), args)
+    try:
+        _, held = resources.resident_blocks(probe.mod, target)
+    except (ValueError, RuntimeError):
+        return 1
+    return max(1, held.blocks)
+
+
 def _target_num_sms(num_sms, tag, target) -> int:
     try:
         return gpus.num_sms_for_target(num_sms, target, tag=tag)
@@ -348,6 +389,9 @@ def _source(args) -> int:
 
     tag, target = _parse_target(args.target)
     num_sms = _target_num_sms(args.num_sms, tag, target)
+    # A full wave is every resident block of every SM: the default shape has one tile more.
+    if args.blocks_per_sm is None:
+        args.blocks_per_sm = _resident_blocks(args, target)
     m, n, k = _gemm_shape(args, num_sms)
     func = workloads.gemm(m, n, k, in_dtype=args.dtype)
     sch = _schedule(func, args)

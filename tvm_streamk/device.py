@@ -62,13 +62,21 @@ def default_device() -> str:
     """
     if cuda_available():
         return "cuda"
-    if pocl.available():
+    why = _no_pocl()
+    if why is None:
         return "pocl"
     raise NoDeviceError(
-        "no device to run kernels on: TVM sees no CUDA GPU (tvm.cuda(0).exist is False) and no "
-        "PoCL CPU device opens; install pyopencl and pocl-binary-distribution (pip) to run on the "
-        "CPU, or use a TVM build with the CUDA runtime on a machine with a GPU"
+        f"no device to run kernels on: TVM sees no CUDA GPU (tvm.cuda(0).exist is False), and {why}"
     )
+
+
+def _no_pocl() -> str | None:
+    """Why no OpenCL CPU executor opens (the probe's findings and the one remedy), or None."""
+    try:
+        pocl.current()
+    except pocl.DeviceUnavailableError as err:
+        return str(err)
+    return None
 
 
 def _check(device: str) -> str:
@@ -79,11 +87,10 @@ def _check(device: str) -> str:
             "device 'cuda' was asked for, but TVM sees no CUDA GPU (tvm.cuda(0).exist is False); "
             "use device 'pocl' or default_device()"
         )
-    if device == "pocl" and not pocl.available():
-        raise NoDeviceError(
-            "device 'pocl' was asked for, but no PoCL CPU device opens; install pyopencl and "
-            "pocl-binary-distribution"
-        )
+    if device == "pocl":
+        why = _no_pocl()
+        if why is not None:
+            raise NoDeviceError(f"device 'pocl' was asked for, but {why}")
     return device
 
 

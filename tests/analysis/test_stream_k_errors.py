@@ -179,3 +179,25 @@ def test_the_block_is_analysed_in_its_own_function():
         if tvm_streamk.transform.lower_stream_k.annotated_blocks(func)
     ]
     assert annotated == ["large"]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"policy": "split_k", "splits": 9, "num_sms": 4},  # 8 panels cannot be split in 9
+        {"policy": "split_k", "num_sms": 4},  # split-K without its splits
+        {"policy": "stream_k", "target": "nvidia/nvidia-h100", "num_sms": 0},
+        {"policy": "hybrid", "num_sms": "device"},
+    ],
+    ids=["splits-domain", "no-splits", "zero-sms", "device-hybrid"],
+)
+def test_a_refusal_says_each_thing_once(kwargs):
+    """What was expected, what was found and what to do, each once: no message wraps another
+    one's "found" in its own, nor ends in a filler remedy."""
+    sch = workloads.reference_schedule(workloads.gemm(64, 64, 64))
+    with pytest.raises(StreamKError) as info:
+        tvm_streamk.stream_k(sch, "C_update", **kwargs)
+    message = str(info.value)
+    assert message.count("found") == 1, message
+    assert "Fix the" not in message and not message.rstrip().endswith("found 0."), message
+    assert any(word in message for word in ("Pass", "pass", "Use", "use", "Drop")), message

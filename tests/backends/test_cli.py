@@ -1,13 +1,14 @@
 """The ``tvm-streamk`` command line and the device discovery it relies on."""
 
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 import tvm
 
-from tvm_streamk import cli, pocl
+from tvm_streamk import cli, pocl, ptxas
 from tvm_streamk import device as devices
 
 needs_pocl = pytest.mark.usefixtures("default_opencl")
@@ -57,8 +58,9 @@ def test_source_prints_the_cuda_kernel_with_its_atomic(capsys):
 
 def test_source_takes_the_sm_count_from_the_target_tag(capsys):
     assert cli.main(["source", "--target", "nvidia/nvidia-a100", "--k", "64"]) == 0
-    # The default M is one tile more than a wave of the A100's 108 SMs.
-    assert "3488x32x64" in capsys.readouterr().out
+    # The default M is one tile more than a wave of the A100's 108 SMs (x resident blocks).
+    header = capsys.readouterr().out.splitlines()[1]
+    assert "(108 SMs x " in header, header
 
 
 def test_source_of_an_untabled_gpu_needs_num_sms(capsys):
@@ -103,8 +105,69 @@ def test_default_device_is_pocl_without_a_usable_gpu(monkeypatch):
     if pocl.available():
         assert devices.default_device() == "pocl"
         assert devices.num_sms("pocl") == pocl.compute_units()
-    monkeypatch.setattr(pocl, "available", lambda: False)
-    with pytest.raises(devices.NoDeviceError, match="pocl-binary-distribution"):
+    def missing():
+        raise pocl.DeviceUnavailableError("no usable OpenCL CPU executor (findings)")
+
+    monkeypatch.setattr(pocl, "current", missing)
+    with pytest.raises(devices.NoDeviceError, match=r"no CUDA GPU .*\(findings\)"):
         devices.default_device()
     with pytest.raises(devices.NoDeviceError, match="asked for"):
         devices.num_sms("cuda")
+
+
+@pytest.mark.parametrize("how", ["entry point", "module"])
+def test_no_command_lists_the_commands(how, capsys):
+    if how == "module":
+        done = subprocess.run(
+            [sys.executable, "-m", "tvm_streamk"], capture_output=True, text=True, timeout=120
+        )
+        status, err = done.returncode, done.stderr
+    else:
+        status, err = cli.main([]), capsys.readouterr().err
+    assert status == 2
+    for command in ("demo", "source", "explain"):
+        assert f"    {command}" in err, err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--policy", "split_k"], "--policy split_k needs --splits N"),
+        (["--policy", "stream_k", "--splits", "3"], "--splits goes with --policy split_k"),
+        (
+            ["--policy", "stream_k", "--variant", "one_tile"],
+            "--variant one_tile goes with --policy",
+        ),
+    ],
+)
+def test_policy_flags_are_named_as_flags(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["explain", "--tiles", "5", "--panels", "4", "--num-sms", "2", *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "splits=" not in err, err
+
+
+def test_source_default_is_one_tile_past_a_full_wave_of_resident_blocks(capsys):
+    # One tile more than every resident block of every SM: the grid the kernel runs on.
+    assert cli.main(["source", "--target", "nvidia/nvidia-h100", "--k", "64"]) == 0
+    header = capsys.readouterr().out.splitlines()[1]
+    tiles, grid = (int(x) for x in re.search(r"(\d+) tiles x .* on grid (\d+)", header).groups())
+    assert tiles == grid + 1, header
+    per_sm = int(re.search(r"x (\d+) block\(s\)/SM", header).group(1))
+    assert grid == 132 * per_sm and (per_sm > 1 or not ptxas.available()), header
+
+
+def test_no_opencl_gives_the_probes_one_remedy(monkeypatch, capsys):
+    # The Python API and the command line report a missing OpenCL executor with the probe's
+    # own findings and remedy, not each a remedy of its own.
+    def missing():
+        raise pocl.DeviceUnavailableError("no usable OpenCL CPU executor (probe findings). REMEDY")
+
+    monkeypatch.setattr(pocl, "current", missing)
+    monkeypatch.setattr(devices, "cuda_available", lambda: False)
+    with pytest.raises(devices.NoDeviceError) as info:
+        devices.default_device()
+    assert "(probe findings). REMEDY" in str(info.value)
+    assert cli.main(["demo", *SMALL]) == 2
+    assert "(probe findings). REMEDY" in capsys.readouterr().err

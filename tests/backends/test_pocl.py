@@ -6,6 +6,10 @@ Numeric tests compare against float64 numpy on fresh random inputs, with outputs
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -329,3 +333,20 @@ def test_mismatched_dtype_and_symbolic_extent():
 
 def test_compute_units():
     assert pocl.compute_units() >= 1
+
+
+def test_an_unknown_executor_name_lists_the_known_ones():
+    # As a user meets it: the variable set in the environment of a fresh process.
+    done = subprocess.run(
+        [sys.executable, "-c", "from tvm_streamk import pocl; pocl.current()"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, pocl.device.ENV_EXECUTOR: "bogus"},
+        timeout=120,
+    )
+    assert done.returncode != 0
+    message = done.stderr.strip().splitlines()[-1]
+    assert "'bogus' names no OpenCL CPU executor" in message, done.stderr
+    for executor in pocl.executors():
+        assert executor.key in message
+    assert "Install" not in message  # nothing to install: the name is wrong

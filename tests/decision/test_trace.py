@@ -47,8 +47,9 @@ def _lowered(sch: Schedule) -> tvm.IRModule:
     return tvm_streamk.lower(sch, OPENCL)
 
 
-def _recorded_annotation(key: str, value: int) -> str:
-    return f'ann_key="{key}", ann_val={value}'
+def _recorded_annotation(key: str, value) -> str:
+    shown = f'"{value}"' if isinstance(value, str) else int(value)
+    return f'ann_key="{key}", ann_val={shown}'
 
 
 POLICIES = [
@@ -89,8 +90,10 @@ def test_printed_trace_holds_every_decision_as_an_annotate():
         group=2,
     )
     for key, value in decision.as_annotations().items():
-        assert _recorded_annotation(key, int(value)) in text
+        assert _recorded_annotation(key, value) in text
     assert text.count("sch.annotate(") == len(annotations.KEYS)
+    # The policy and the fix-up read as names, not codes.
+    assert 'ann_val="hybrid_one_tile"' in text and 'ann_val="atomic"' in text
     assert plan.policy == "hybrid" and plan.variant == "one_tile"
 
 
@@ -107,8 +110,7 @@ def test_heuristic_records_its_concrete_choice(monkeypatch):
     sch, plan = _scheduled(HEURISTIC_FUNC, policy="heuristic", num_sms=4)
     assert plan.policy != "data_parallel", plan.reason
     text = str(sch.trace)
-    code = plan.scheme.code
-    assert _recorded_annotation(annotations.KEY_POLICY, code) in text
+    assert _recorded_annotation(annotations.KEY_POLICY, plan.scheme.key) in text
     assert "heuristic" not in text
     expected = _lowered(sch)
 

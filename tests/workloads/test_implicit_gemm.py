@@ -27,7 +27,7 @@ from tests.conv_cases import (
 )
 from tests.dlight_sites import DECISIONS, FIXUPS, check_numeric
 from tests.helpers import conv_reference_for
-from tvm_streamk import workloads
+from tvm_streamk import pocl, workloads
 from tvm_streamk._compat import loaded_buffer, param_buffers
 from tvm_streamk.analysis import blocks_under, first_site
 from tvm_streamk.errors import StreamKError
@@ -153,12 +153,50 @@ def test_grouped_conv_with_a_fused_bias():
     _check_numeric(kwargs, "hybrid", "workspace", **GROUPED_TILES)
 
 
-def test_depthwise_conv_is_refused_with_the_reason():
-    func = workloads.conv(
-        data_shape=(1, 16, 9, 9), weight_shape=(16, 1, 3, 3), layout="NCHW", groups=16
-    )
-    with pytest.raises(WorkloadError, match=r"no J axis.*StreamKDepthwise"):
+# Convolutions whose GEMM has an axis one wide, or few channels per group: dlight's index maps
+# want I, J and K all wider than one and its group split 16 channels per group, and the schedule
+# once refused these, saying that a depthwise convolution has no J axis (none of them is one).
+DEGENERATE = {
+    # I = N*P*Q = 1: one output position (J = 24 in 2 tiles, K = 72 in 9 panels).
+    "one-output-position": dict(data_shape=(1, 3, 3, 8), weight_shape=(3, 3, 8, 24)),
+    # 4 groups of 8 output channels over 2 input channels: J = 8, K = 18.
+    "grouped-8-per-group": dict(
+        data_shape=(2, 9, 9, 8), weight_shape=(3, 3, 2, 32), groups=4, padding=1
+    ),
+    # Depthwise: the batched GEMM over the 8 channels, J = 1 (correct, mostly padding).
+    "depthwise": dict(data_shape=(2, 9, 9, 8), weight_shape=(3, 3, 1, 8), groups=8, padding=1),
+}
+
+
+@on_every_pocl
+@pytest.mark.parametrize("family", list(DEGENERATE))
+def test_convolutions_with_a_one_wide_axis_are_gemms_too(family):
+    kwargs = {**DEGENERATE[family], "layout": "NHWC"}
+    _check_numeric(kwargs, "stream_k", "workspace", bm=16, bn=16, bk=8, tm=2, tn=2)
+
+
+@on_every_pocl
+def test_a_one_element_reduction_is_scheduled_without_a_split():
+    # K = C*R*S = 1 (a 1x1 kernel over one input channel): a GEMM with nothing to split, so the
+    # kernel stays data-parallel and Stream-K finds no reduction to take.
+    kwargs = dict(data_shape=(2, 5, 5, 1), weight_shape=(1, 1, 1, 20), layout="NHWC")
+    func = workloads.conv(**kwargs)
+    sch = workloads.implicit_gemm_schedule(func, bm=16, bn=16, bk=8, tm=2, tn=2)
+    args = workloads.random_args(func)
+    out = pocl.run(sch.mod, *args)[-1]
+    assert workloads.relative_error(out, conv_reference_for(kwargs)(args)) <= 1e-5
+    assert first_site(sch.mod["main"]) is None
+
+
+def test_a_kernel_that_is_not_gemm_like_names_the_form_it_lacks():
+    # A reduction over an axis of the output (a row sum): no form C[S, I, J] += A * B.
+    x = te.placeholder((16, 32), name="x")
+    k = te.reduce_axis((0, 32), name="k")
+    y = te.compute((16,), lambda i: te.sum(x[i, k] * x[i, k], axis=k), name="y")
+    func = te.create_prim_func([x, y])
+    with pytest.raises(WorkloadError, match=r"not of the form C\[S, I, J\]") as info:
         workloads.implicit_gemm_schedule(func)
+    assert "depthwise" not in str(info.value)
 
 
 def test_a_consumer_that_is_not_elementwise_is_refused():

@@ -97,7 +97,7 @@ def sm_count(request: Request, site, target: tvm.target.Target | None) -> SmCoun
         )
         if deferrable:
             return SmCount(1, TARGET_SMS)
-        raise StreamKError(COND_NUM_SMS, str(err), "Pass num_sms=<the GPU's SM count>.") from None
+        raise StreamKError.stated(COND_NUM_SMS, str(err)) from None
 
 
 def fixup_for(request: Request, site, target) -> str:

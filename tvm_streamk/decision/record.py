@@ -1,15 +1,16 @@
 """How a decision is recorded on a block, so that traces print, serialise and replay.
 
 Python cannot register a trace instruction, so :func:`tvm_streamk.stream_k` records its decision
-as stock ``annotate`` instructions on the reduction block. Every value is an ``int32``
-``IntImm`` (or an ``ExprRV`` sampled by MetaSchedule), never a string: that keeps the trace
-JSON-serialisable and the stock postprocs, which expect TIR values, happy. The lowering reads
-them back with :func:`decode`.
+as stock ``annotate`` instructions on the reduction block, which traces print, serialise to JSON
+and replay. The policy and the fix-up are recorded by name, so a trace reads
+``ann_key="tvm_streamk.policy", ann_val="hybrid_one_tile"`` (the policy's
+:attr:`~tvm_streamk.decomposition.policy.Policy.key`); the numbers as ``int32`` ``IntImm``
+values (plain Python ints make stock postprocs choke). MetaSchedule samples a policy and a
+fix-up among their registered codes (an ``ExprRV`` cannot be a string), so :func:`decode` reads
+either form.
 
-A policy is recorded by its registered code (:mod:`tvm_streamk.decomposition.policy`), concrete
-policies only: a chooser such as ``"heuristic"`` is resolved before it is recorded, so a replayed
-trace never re-runs the model. A fix-up is recorded by its registered code
-(:mod:`tvm_streamk.fixup_registry`).
+Concrete policies only: a chooser such as ``"heuristic"`` is resolved before it is recorded, so
+a replayed trace never re-runs the model.
 """
 
 from __future__ import annotations
@@ -73,11 +74,11 @@ class Decision:
             return tirx.IntImm("int32", int(v))
 
         return {
-            KEY_POLICY: imm(policies.get(self.policy, self.variant).code),
+            KEY_POLICY: policies.get(self.policy, self.variant).key,
             KEY_NUM_SMS: imm(self.num_sms),
             KEY_BLOCKS_PER_SM: imm(self.blocks_per_sm),
             KEY_SPLITS: imm(self.splits),
-            KEY_FIXUP: imm(fixup_registry.get(self.fixup).code),
+            KEY_FIXUP: fixup_registry.get(self.fixup).name,
             KEY_GROUP: imm(self.group),
         }
 
@@ -126,17 +127,25 @@ def decode(annotations, where: str) -> Decision:
             _refuse(f"annotation {key} of block {where!r} is {value!r}, not an int")
         return int(value.value if isinstance(value, tirx.IntImm) else value)
 
-    policy_code, fixup_code = as_int(KEY_POLICY), as_int(KEY_FIXUP)
-    rule = policies.by_code(policy_code)
-    if rule is None:
-        _refuse(
-            f"annotation {KEY_POLICY}={policy_code} of block {where!r}, not one of "
-            f"{sorted(policies.codes())}"
-        )
-    fix = fixup_registry.by_code(fixup_code)
-    if fix is None:
-        known = sorted(fixup_registry.get(n).code for n in fixup_registry.names())
-        _refuse(f"annotation {KEY_FIXUP}={fixup_code} of block {where!r}, not one of {known}")
+    def named(key: str, by_name, by_code, known: list[str]):
+        value = annotations[key]
+        if isinstance(value, str):
+            name = str(value)
+            found = by_name(name)
+        else:
+            name = as_int(key)
+            found = by_code(name)
+        if found is None:
+            _refuse(f"annotation {key}={name!r} of block {where!r}, not one of {known}")
+        return found
+
+    rule = named(KEY_POLICY, _policy_by_key, policies.by_code, [p.key for p in policies.concrete()])
+    fix = named(
+        KEY_FIXUP,
+        lambda n: fixup_registry.get(n) if n in fixup_registry.names() else None,
+        fixup_registry.by_code,
+        list(fixup_registry.names()),
+    )
     return Decision(
         policy=rule.name,
         variant=rule.variant,
@@ -148,10 +157,17 @@ def decode(annotations, where: str) -> Decision:
     )
 
 
+def _policy_by_key(key: str):
+    try:
+        return policies.by_key(key)
+    except ValueError:
+        return None
+
+
 def _refuse(found: str):
     raise StreamKError(
         COND_DECISION,
         found,
-        "Record decisions with tvm_streamk.stream_k, or with the codes of "
-        "tvm_streamk.decision.record (policy and fix-up registries).",
+        "Record decisions with tvm_streamk.stream_k, or with the names (or codes) of the "
+        "registered policies and fix-ups.",
     )

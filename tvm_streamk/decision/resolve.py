@@ -36,10 +36,10 @@ def planned_sms(decision: Decision, target: tvm.target.Target | None) -> int:
     try:
         return gpus.num_sms_for_target(None, target, opencl_compute_units=True)
     except gpus.UnknownGPUError as err:
-        raise StreamKError(
+        raise StreamKError.stated(
             COND_NUM_SMS,
-            f"a decision left to the compile target's SM count: {err}",
-            "Pass num_sms to stream_k, or compile for a target tag of tvm_streamk.gpus.",
+            f"a decision left to the compile target's SM count cannot be planned: {err}; or "
+            "compile for a target whose tag tvm_streamk.gpus knows",
         ) from None
 
 

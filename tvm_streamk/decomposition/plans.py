@@ -317,7 +317,8 @@ def check_policy_args(policy, splits=None, variant=None):
         )
     if rule is not None and rule.takes_splits and splits is None:
         raise DecompositionError(
-            f"policy={policy!r} needs splits=S with 1 <= S <= panels, found splits=None"
+            f"policy={policy!r} needs splits=S with 1 <= S <= panels, found splits=None; pass "
+            "splits, the number of K ranges every tile is cut into"
         )
     if splits is not None:
         positive_int("splits", splits, "a split count of at least 1")

@@ -115,8 +115,8 @@ def decide(rule, name: str, sch: Schedule, target) -> None:
     try:
         num_sms = num_sms_for_target(config.num_sms, target)
     except UnknownGPUError as err:
-        raise StreamKError(
-            "num-sms", str(err), f"Pass {type(rule).__name__}(num_sms=<the GPU's SM count>)."
+        raise StreamKError.stated(
+            "num-sms", f"{err}; for this rule: {type(rule).__name__}(num_sms=...)"
         ) from None
     try:
         decisions.decided[name] = stream_k(

@@ -261,6 +261,13 @@ def find(name: str) -> Executor:
     """The usable executor whose key is or contains ``name`` (first match), else raise."""
     found = executors()
     matches = [e for e in found if e.key == name] or [e for e in found if name.lower() in e.key]
+    if not matches:
+        keys = [e.key for e in found] or ["none: no PoCL or Oclgrind platform was found"]
+        raise DeviceUnavailableError(
+            f"{name!r} names no OpenCL CPU executor of this machine; expected one of {keys} "
+            f"(or a part of one, such as 'pocl-3.1' or 'oclgrind'). Set {ENV_EXECUTOR} to one "
+            "of them, or unset it to take the default."
+        )
     usable = [e for e in matches if e.usable]
     if not usable:
         raise _unavailable(found, name)

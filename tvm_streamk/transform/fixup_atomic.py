@@ -35,7 +35,7 @@ from ._ir import (
 )
 
 # Accumulator dtypes whose atomic merge is exact (int) or as accurate as the serial sum
-# (fp32/64): what fixup="auto" takes atomics for.
+# (fp32/64): the only ones the atomic fix-up takes.
 EXACT_ENOUGH = ("float32", "float64", "int32")
 
 
@@ -68,6 +68,14 @@ class AtomicFixup(fixup.Fixup):
                 f"{site.accumulator.scope()!r}, whose elements have no addresses",
                 "Use the workspace fix-up (fixup='workspace').",
             )
+        if site.accumulator_dtype not in EXACT_ENOUGH:
+            raise StreamKError(
+                COND_ATOMIC,
+                f"a {site.accumulator_dtype} accumulator: atomic adds would round every partial "
+                f"sum to {site.accumulator_dtype} as it lands, and OpenCL has no such atomic",
+                f"Use the workspace fix-up (fixup='workspace'), which sums in the accumulator "
+                f"once, or accumulate in one of {list(EXACT_ENOUGH)}.",
+            )
         if target is not None:
             reason = memory_model.for_target(target).atomic_add_error(site.accumulator_dtype)
             if reason is not None:
@@ -76,11 +84,6 @@ class AtomicFixup(fixup.Fixup):
                     reason,
                     "Use the workspace fix-up (fixup='workspace'), or accumulate in float32.",
                 )
-
-    @classmethod
-    def auto_ok(cls, site: StreamKSite, target) -> bool:
-        """Atomics where they are legal and exact enough: fp32, fp64 and int32 accumulators."""
-        return site.accumulator_dtype in EXACT_ENOUGH and super().auto_ok(site, target)
 
     @classmethod
     def footprint(cls, plan, tile_elems, acc_bytes, out_bytes, blocks):

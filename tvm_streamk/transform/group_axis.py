@@ -41,7 +41,9 @@ class GroupAxisRefused(ValueError):
     """A grouped reduction :func:`split_group_axis` recognises but cannot hand to dlight."""
 
 
-def split_group_axis(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+def split_group_axis(
+    func: tirx.PrimFunc, min_columns: int = MIN_GROUP_COLUMNS
+) -> tirx.PrimFunc | None:
     """``func`` with its grouped output-channel axis split into (group, channel in group).
 
     The function qualifies when:
@@ -50,7 +52,8 @@ def split_group_axis(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
        iteration variables to one loop, outermost first, as TE writes it;
     2. one spatial iteration variable ``f`` of extent ``O`` indexes the written buffer and is
        read as ``f // d`` with a constant ``d < O`` dividing ``O`` (``d = O/G``), and
-       ``d >= MIN_GROUP_COLUMNS`` (fewer columns per group would be a mostly padded GEMM).
+       ``d >= min_columns`` (by default :data:`MIN_GROUP_COLUMNS`: for dlight's 64-wide J tile
+       fewer columns per group would be a mostly padded GEMM).
 
     Returns
     -------
@@ -71,7 +74,7 @@ def split_group_axis(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     if found is None:
         return None
     loops, realize = found
-    split = _group_axis(realize.block)
+    split = _group_axis(realize.block, min_columns)
     if split is None:
         return None
     axis, per_group = split
@@ -322,7 +325,7 @@ def _nests(func: tirx.PrimFunc, wanted) -> list:
     ]
 
 
-def _group_axis(block: SBlock):
+def _group_axis(block: SBlock, min_columns: int):
     """The spatial iteration variable read as ``f // d``, and ``d``; ``None`` when none is."""
     spatial = {iv.var: iv for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
     written = set()
@@ -344,7 +347,7 @@ def _group_axis(block: SBlock):
         if v not in written or len(ds) != 1 or not isinstance(extent, tirx.IntImm):
             continue
         (d,) = ds
-        if MIN_GROUP_COLUMNS <= d < int(extent) and int(extent) % d == 0:
+        if min_columns <= d < int(extent) and int(extent) % d == 0:
             found.append((spatial[v], d))
     return found[0] if len(found) == 1 else None
 

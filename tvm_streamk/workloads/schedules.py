@@ -88,12 +88,15 @@ def implicit_gemm_schedule(
 
     The schedule requires:
 
-    1. one reduction block, whose output, operands and iteration space dlight's matmul index
-       maps describe once a grouped convolution's output-channel axis is split into (group,
-       channel in group) (:mod:`tvm_streamk.transform.group_axis`): the groups are then the
-       batch ``S`` on ``blockIdx.z``. A depthwise convolution, with fewer than
-       :data:`~tvm_streamk.transform.group_axis.MIN_GROUP_COLUMNS` output channels per group,
-       is not split and has no J axis;
+    1. one reduction block of the form ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` once a grouped
+       convolution's output-channel axis is split into (group, channel in group)
+       (:mod:`tvm_streamk.transform.group_axis`, for any number of channels per group): every
+       axis of extent above 1 is a batch (in all three), I (in A and C), J (in B and C) or K
+       (in A and B) axis; I, J or K may be absent (one output position, one output channel per
+       group, a 1x1 kernel over one input channel), and is then one wide. A depthwise
+       convolution is accepted too, as the batched GEMM over its channels whose J is the
+       channel multiplier: correct, mostly padding (``relax_pipeline`` gives it to
+       ``StreamKDepthwise``);
     2. every producer of the operands (the padding) and every consumer of the output to be
        elementwise or injective, so that they inline.
 
@@ -124,21 +127,30 @@ def implicit_gemm_schedule(
     _check_tiles(bm=bm, bn=bn, tm=tm, tn=tn)
     # A grouped convolution becomes the batched GEMM over its groups (None: not grouped).
     try:
-        sch = Schedule(split_group_axis(func) or func)
+        sch = Schedule(split_group_axis(func, min_columns=1) or func)
     except GroupAxisRefused as err:
         raise WorkloadError(f"a grouped convolution the group split refuses: {err}") from None
     blk = _the_reduction(sch)
     name = sch.get(blk).name_hint
 
     # Step 1. Normalise to C[S, I, J] += A[S, I, K] * B[S, J, K].
+    block = sch.get(blk)
+    if len(block.reads) != 2 or len(block.writes) != 1:
+        raise WorkloadError(
+            f"block {name!r} is not of the form C[S, I, J] += A[S, I, K] * B[S, J, K]: it reads "
+            f"{len(block.reads)} buffer(s) and writes {len(block.writes)}, where a GEMM reads "
+            "two and writes one; schedule it another way (dlight's rules, or the project's "
+            "StreamKGEMV and StreamKDepthwise)"
+        )
     operands = [sch.reindex(blk, ("read", 0)), sch.reindex(blk, ("read", 1))]
     output = sch.reindex(blk, ("write", 0))
-    index_maps = dlight.gpu.matmul.get_index_map(sch.get(blk))
+    index_maps = gemm_index_maps(sch.get(blk))
     if index_maps is None:
         raise WorkloadError(
-            f"block {name!r} is not a GEMM-like reduction (dlight finds no I, J, K axes in it; "
-            "a depthwise convolution has no J axis): schedule it with the project's dlight "
-            "rules instead (StreamKDepthwise)"
+            f"block {name!r} is not of the form C[S, I, J] += A[S, I, K] * B[S, J, K]: an axis "
+            "of it indexes neither two operands and the output (a batch), A and C (I), B and C "
+            "(J), nor the two operands and not C (K); schedule it another way (dlight's rules, "
+            "or the project's StreamKGEMV and StreamKDepthwise)"
         )
     block_map, a_map, b_map, c_map = index_maps
     sch.transform_layout(operands[0], ("write", 0), a_map)
@@ -146,7 +158,13 @@ def implicit_gemm_schedule(
     sch.transform_layout(output, ("read", 0), c_map)
     sch.transform_block_layout(blk, block_map)
 
-    # Step 2. Tile.
+    # Step 2. Tile. An I or J one wide gets tiles one wide: with several threads along it, TVM
+    # drops the axis from the write-back's guard, and threads holding no row would store too.
+    _, i_extent, j_extent, _ = (int(iv.dom.extent) for iv in sch.get(blk).iter_vars[-4:])
+    if i_extent == 1:
+        bm = tm = 1
+    if j_extent == 1:
+        bn = tn = 1
     ko, tj, depth = _tile(sch, blk, sch.get_loops(blk), bm=bm, bn=bn, bk=bk, tm=tm, tn=tn)
 
     # Step 4 (before 3, which decomposes the reduction). Registers, then one write-back.
@@ -158,6 +176,60 @@ def implicit_gemm_schedule(
     producers = [[op, *_producer_chain(sch, op)] for op in operands]
     _stage_panels(sch, blk, ko, depth, threads=(bm // tm, bn // tn), inline=producers)
     return sch
+
+
+def gemm_index_maps(block) -> tuple | None:
+    """The index maps normalising ``block`` to ``C[S, I, J] += A[S, I, K] * B[S, J, K]``
+    (dlight's, in dlight's order: the block's, A's, B's, C's), or None.
+
+    dlight's own :func:`get_index_map` requires an I, a J and a K axis of extent above 1;
+    here an absent one becomes an axis of extent 1 (dlight's fusion maps give a missing kind
+    the constant 0), so a convolution with one output position, one output channel per group
+    or a one-element reduction is a GEMM too.
+    """
+    found = dlight.gpu.matmul.get_index_map(block)
+    if found is not None:
+        return found
+    matmul = dlight.gpu.matmul
+    kind = matmul.IterKind
+    if len(block.reads) != 2 or len(block.writes) != 1:
+        return None
+    touched = []
+    for region in (block.reads[0], block.reads[1], block.writes[0]):
+        if not all(
+            isinstance(r.extent, tvm.tirx.IntImm) and int(r.extent) == 1 for r in region.region
+        ):
+            return None
+        used = set()
+        for r in region.region:
+            used |= {v for v in tvm.tirx.analysis.undefined_vars(r.min)}
+        touched.append(used)
+    a_axes, b_axes, c_axes = touched
+    traits = {}
+    for iv in block.iter_vars:
+        var, extent = iv.var, iv.dom.extent
+        in_a, in_b, in_c = var in a_axes, var in b_axes, var in c_axes
+        if isinstance(extent, tvm.tirx.IntImm) and int(extent) == 1:
+            trait = kind.kIter_T
+        elif iv.iter_type == tvm.tirx.IterVar.DataPar and in_c and (in_a or in_b):
+            trait = kind.kIter_S if in_a and in_b else kind.kIter_I if in_a else kind.kIter_J
+        elif iv.iter_type == tvm.tirx.IterVar.CommReduce and in_a and in_b and not in_c:
+            trait = kind.kIter_K
+        else:
+            return None
+        traits[var] = matmul.IterTrait(trait, extent)
+    order = [iv.var for iv in block.iter_vars]
+
+    def fused(axes, kinds):
+        return matmul.make_iter_fusion_index_map([traits[v] for v in order if v in axes], kinds)
+
+    s, i, j, k = kind.kIter_S, kind.kIter_I, kind.kIter_J, kind.kIter_K
+    return (
+        fused(set(order), [s, i, j, k]),
+        fused(a_axes, [s, i, k]),
+        fused(b_axes, [s, j, k]),
+        fused(c_axes, [s, i, j]),
+    )
 
 
 def _the_reduction(sch: Schedule):
