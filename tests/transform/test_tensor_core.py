@@ -38,7 +38,7 @@ def test_aligned_split_structure(wmma):
     _, target, sms, sch, block = wmma
     plan = tvm_streamk.stream_k(sch, block, num_sms=sms, policy="split_k", splits=4, target=target)
     assert (plan.policy, plan.splits, plan.grid) == ("split_k", 4, plan.tiles * 4)
-    assert int(sch.get(sch.get_sblock(block)).annotations[ann.KEY_FIXUP]) == 1
+    assert str(sch.get(sch.get_sblock(block)).annotations[ann.KEY_FIXUP]) == "workspace"
     lowered = tvm_streamk.lower(sch, target)
     func = next(iter(lowered.functions.values()))
     text = func.script()

@@ -257,14 +257,16 @@ def _unavailable(found: tuple[Executor, ...], wanted: str | None = None) -> Devi
     )
 
 
-def find(name: str) -> Executor:
-    """The usable executor whose key is or contains ``name`` (first match), else raise."""
+def find(name: str, source: str = "") -> Executor:
+    """The usable executor whose key is or contains ``name`` (first match), else raise.
+    ``source`` says where the name came from (the environment variable) in the error."""
     found = executors()
     matches = [e for e in found if e.key == name] or [e for e in found if name.lower() in e.key]
     if not matches:
         keys = [e.key for e in found] or ["none: no PoCL or Oclgrind platform was found"]
         raise DeviceUnavailableError(
-            f"{name!r} names no OpenCL CPU executor of this machine; expected one of {keys} "
+            f"{source or ''}{name!r} names no OpenCL CPU executor of this machine; "
+            f"expected one of {keys} "
             f"(or a part of one, such as 'pocl-3.1' or 'oclgrind'). Set {ENV_EXECUTOR} to one "
             "of them, or unset it to take the default."
         )
@@ -280,7 +282,7 @@ _state = threading.local()
 def _default() -> Executor:
     wanted = os.environ.get(ENV_EXECUTOR)
     if wanted:
-        return find(wanted)
+        return find(wanted, source=f"{ENV_EXECUTOR}=")
     usable = usable_executors()
     if not usable:
         raise _unavailable(executors())
