@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import textwrap
@@ -26,7 +27,7 @@ import time
 
 import numpy as np
 
-from . import decomposition, fixup_registry, gpus, workloads
+from . import cost_model, decomposition, fixup_registry, gpus, workloads
 from . import device as devices
 from .decomposition import DecompositionError
 from .errors import StreamKError
@@ -183,7 +184,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     expl.add_argument("--num-sms", type=_positive, help="SMs of the GPU")
     expl.add_argument(
-        "--target", help="a TVM target tag whose SM count to use when --num-sms is not given"
+        "--target",
+        help="a TVM target tag, or a GPU of tvm_streamk.cost_model.GPU_SPECS (e.g. "
+        "nvidia/nvidia-h200): its SM count when --num-sms is not given, and with --m --n --k "
+        "the predicted times in microseconds on it",
+    )
+    expl.add_argument(
+        "--dtype", choices=DTYPES, default="float32", help="dtype of A and B (for microseconds)"
+    )
+    expl.add_argument(
+        "--instruction",
+        choices=("ffma", "mma"),
+        help="CUDA cores or tensor cores (default: tensor cores for 16-bit inputs)",
     )
     # Reports need no kernel, so every registered fix-up is accepted, built or not.
     _add_policy(expl, "heuristic", fixup_registry.names())
@@ -321,7 +333,8 @@ def _demo(args) -> int:
     t_dp = times["data-parallel"]
     width = max(map(len, times))
     for name, seconds in times.items():
-        ratio = "" if name == "data-parallel" else f"   speed-up {t_dp / seconds:.2f}x"
+        what = "CPU time ratio" if device == "pocl" else "measured speed-up"
+        ratio = "" if name == "data-parallel" else f"   {what} {t_dp / seconds:.2f}x"
         print(f"  {name:<{width}} {seconds * 1e3:9.3f} ms{ratio}")
     if device == "pocl":
         print(
@@ -415,6 +428,30 @@ def _source(args) -> int:
     return 0
 
 
+def _explain_cost(args, spec, tile_shape):
+    """The model's constants in microseconds for ``args``' GEMM on ``spec`` (None without a
+    priced GPU or a GEMM shape, or for a tile the model cannot price)."""
+    if spec is None or not (args.m and args.n and args.k):
+        return None
+    instruction = args.instruction or ("ffma" if args.dtype == "float32" else "mma")
+    traits = cost_model.KernelTraits(
+        tile_m=math.prod(tile_shape[:-1]),
+        tile_n=tile_shape[-1],
+        panel_k=args.bk,
+        in_dtype=args.dtype,
+        acc_dtype="float32",
+        out_dtype=args.dtype,
+        instruction=instruction,
+        m=args.m,
+        n=args.n,
+        k=args.k,
+    )
+    try:
+        return cost_model.priced(cost_model.price(traits, spec, args.fixup))
+    except cost_model.UnpricedError as err:
+        raise _UsageError(f"cannot predict microseconds on {spec.name}: {err}") from None
+
+
 def _explain(args) -> int:
     if args.tiles is not None or args.panels is not None:
         if args.tiles is None or args.panels is None:
@@ -429,7 +466,10 @@ def _explain(args) -> int:
     else:
         raise _UsageError("give --tiles and --panels, or a GEMM shape with --m --n --k")
     num_sms = args.num_sms
-    if num_sms is None and args.target is not None:
+    spec = None if args.target is None else cost_model.spec_for(args.target)
+    if num_sms is None and spec is not None:
+        num_sms = spec.sms
+    elif num_sms is None and args.target is not None:
         tag, target = _parse_target(args.target)
         num_sms = _target_num_sms(None, tag, target)
     if num_sms is None and _needs_num_sms(args.policy):
@@ -438,8 +478,9 @@ def _explain(args) -> int:
             "--target TAG"
         )
     kwargs = {**_policy_kwargs(args), "blocks_per_sm": args.blocks_per_sm or 1}
-    plan = decomposition.plan(tiles, panels, num_sms, fixup=args.fixup, **kwargs)
-    report = explain(plan, tile_shape=tile_shape, fixup=args.fixup, print_=not args.json)
+    cost = _explain_cost(args, spec, tile_shape)
+    plan = decomposition.plan(tiles, panels, num_sms, fixup=args.fixup, cost=cost, **kwargs)
+    report = explain(plan, tile_shape=tile_shape, fixup=args.fixup, cost=cost, print_=not args.json)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     return 0

@@ -18,8 +18,7 @@ import tvm
 from tvm import tirx
 
 from . import cost_model, decomposition, fixup_registry, ptxas, resources
-from ._compat import SBlockRealize, structural_map
-from .analysis import StreamKSite, analyze, blocks_under, find_block_path
+from .analysis import analyze, blocks_under, writeback_tile_shape
 from .decision import record, resolve
 from .decomposition import Plan
 from .report import Explanation, PlanStats
@@ -48,6 +47,8 @@ def explain(
     output_bytes: int | None = None,
     target=None,
     sizes: dict[str, int] | None = None,
+    gpu: str | None = None,
+    cost: cost_model.CostParams | None = None,
     print_: bool = True,
 ) -> Explanation:
     """Report what a Stream-K decomposition does, beside data-parallel for the same work.
@@ -79,6 +80,13 @@ def explain(
     sizes : dict, optional
         For a dynamic-shape kernel (a tile count known only at run time), the values of its
         shape variables by name to explain it at, e.g. ``sizes={"m": 100}``.
+    gpu : str, optional
+        For a kernel: a GPU of :data:`tvm_streamk.cost_model.GPU_SPECS` to predict times on in
+        microseconds (the kernel's tile, panels and dtypes priced there); ``target``'s tag by
+        default.
+    cost : CostParams, optional
+        For a plan: the model's constants, e.g. a kernel priced on a GPU with
+        :func:`tvm_streamk.cost_model.priced`; the units model by default.
     print_ : bool
         Print the report as well as returning it.
 
@@ -101,12 +109,17 @@ def explain(
     >>> e.stats.grid, e.stats.split_tiles, e.stats.zeroed_bytes, e.baseline_stats.waves
     (2, 1, 4096, 2)
     """
+    if cost is not None and not isinstance(cost, cost_model.CostParams):
+        raise ExplainError(
+            f"cost must be a tvm_streamk.cost_model.CostParams, found {type(cost).__name__}"
+        )
     if isinstance(sch_or_plan, Plan):
-        if block is not None or num_sms is not None or target is not None or sizes is not None:
+        kernel_only = (block, num_sms, target, sizes, gpu)
+        if any(v is not None for v in kernel_only):
             raise ExplainError(
-                "block=, num_sms=, target= and sizes= apply to kernels; found them with a Plan, "
-                "which already fixes the first two (build another plan with tvm_streamk.plan "
-                "instead)"
+                "block=, num_sms=, target=, sizes= and gpu= apply to kernels; found them with a "
+                "Plan, which already fixes the first two (build another plan with "
+                "tvm_streamk.plan instead; price a plan with cost=)"
             )
         fixup = "atomic" if fixup is None else fixup
         result = _explanation(
@@ -115,8 +128,14 @@ def explain(
             _tile_shape(tile_shape),
             4 if accumulator_bytes is None else accumulator_bytes,
             4 if output_bytes is None else output_bytes,
+            cost=cost,
         )
     else:
+        if cost is not None:
+            raise ExplainError(
+                "cost= applies to a Plan; a kernel is priced from its own tile, panels and "
+                "dtypes: pass gpu= (a name of tvm_streamk.cost_model.GPU_SPECS) instead"
+            )
         result = _from_kernel(
             sch_or_plan,
             tile_shape=_tile_shape(tile_shape),
@@ -127,6 +146,7 @@ def explain(
             output_bytes=output_bytes,
             target=target,
             sizes=sizes,
+            gpu=gpu,
         )
     if print_:
         print(result)
@@ -153,7 +173,9 @@ def workspace_slots(p: Plan) -> int:
     return p.workspace_slots
 
 
-def _stats(p: Plan, fixup: str, tile_elems, acc_bytes: int, out_bytes: int, saturation=None):
+def _stats(
+    p: Plan, fixup: str, tile_elems, acc_bytes: int, out_bytes: int, saturation=None, cost=None
+):
     slots = _slots(p)
     iterations = p.iterations_per_block
     segments = [len(w) for w in p.work]
@@ -161,9 +183,13 @@ def _stats(p: Plan, fixup: str, tile_elems, acc_bytes: int, out_bytes: int, satu
     if tile_elems is not None:
         need = fixup_registry.footprint(p, fixup, tile_elems, acc_bytes, out_bytes)
         workspace, zeroed = need.workspace_bytes, need.zeroed_bytes
-    predicted = None
+    predicted = predicted_us = None
     if slots is not None:
         predicted = cost_model.predicted_time(p, fixup=fixup, saturation=saturation)
+        if cost is not None and cost.price is not None:
+            predicted_us = cost_model.predicted_time(
+                p, cost=cost, fixup=fixup, saturation=saturation
+            )
     return PlanStats(
         label=p.label,
         grid=p.grid,
@@ -176,6 +202,7 @@ def _stats(p: Plan, fixup: str, tile_elems, acc_bytes: int, out_bytes: int, satu
         workspace_bytes=workspace,
         zeroed_bytes=zeroed,
         predicted_units=predicted,
+        predicted_us=predicted_us,
     )
 
 
@@ -188,6 +215,8 @@ def _explanation(
     function: str | None = None,
     block: str | None = None,
     occupancy: dict | None = None,
+    cost: cost_model.CostParams | None = None,
+    unpriced: str | None = None,
 ) -> Explanation:
     if fixup not in fixup_registry.names():
         raise ExplainError(f"fixup must be one of {list(fixup_registry.names())}, found {fixup!r}")
@@ -202,11 +231,12 @@ def _explanation(
         p.tiles, p.panels, p.num_sms, blocks_per_sm=dp_bps, policy="data_parallel"
     )
     tile_elems = None if tile_shape is None else math.prod(tile_shape)
+    price = None if cost is None else cost.price
     return Explanation(
         plan=p,
         baseline=baseline,
-        stats=_stats(p, fixup, tile_elems, acc_bytes, out_bytes, busy),
-        baseline_stats=_stats(baseline, fixup, tile_elems, acc_bytes, out_bytes, busy),
+        stats=_stats(p, fixup, tile_elems, acc_bytes, out_bytes, busy, cost),
+        baseline_stats=_stats(baseline, fixup, tile_elems, acc_bytes, out_bytes, busy, cost),
         fixup=fixup,
         tile_shape=tile_shape,
         accumulator_bytes=acc_bytes,
@@ -214,6 +244,9 @@ def _explanation(
         function=function,
         block=block,
         occupancy=occupancy,
+        gpu=None if price is None else price.spec.name,
+        roofline_us=None if price is None else price.floor_us(p.tiles),
+        unpriced=unpriced,
     )
 
 
@@ -254,6 +287,7 @@ def _from_kernel(
     output_bytes,
     target=None,
     sizes=None,
+    gpu=None,
 ):
     annotated = [
         (name, func, b.name_hint)
@@ -319,6 +353,12 @@ def _from_kernel(
         reason += f" for a run-time tile count, here {p.tiles} at {sizes}"
         if p.reason != "requested":
             reason += f" ({p.reason})"
+    if gpu is not None and cost_model.spec_for(gpu) is None:
+        raise ExplainError(
+            f"gpu={gpu!r} is not in tvm_streamk.cost_model.GPU_SPECS; pass one of "
+            f"{sorted(cost_model.GPU_SPECS)}"
+        )
+    cost = cost_model.cost_for(site, gpu if gpu is not None else _as_target(target), decision.fixup)
     try:
         model = decomposition.plan(
             p.tiles,
@@ -326,6 +366,7 @@ def _from_kernel(
             decision.num_sms,
             decision.blocks_per_sm,
             "heuristic",
+            cost=cost,
             fixup=decision.fixup,
         )
     except ValueError:
@@ -351,46 +392,16 @@ def _from_kernel(
         function=func_name,
         block=block_name,
         occupancy=occupancy,
+        cost=cost,
+        unpriced=None if gpu is None else cost_model.why_unpriced(site, gpu, decision.fixup),
     )
+
+
+def _as_target(target):
+    if target is None or isinstance(target, tvm.target.Target):
+        return target
+    return tvm.target.Target(target)
 
 
 def _dtype_bytes(dtype: str) -> int:
     return max(1, tvm.runtime.DataType(dtype).bits // 8)
-
-
-def writeback_tile_shape(func: tirx.PrimFunc, site: StreamKSite) -> tuple[int, ...] | None:
-    """Output elements one tile writes along each output axis, from the first write-back block.
-
-    Each index of the write-back's store is bounded over the loops between the tile band and the
-    block, with the band's loop variables left symbolic; the extent of that bound is the tile's
-    size along the axis. None when an extent is not a constant (a non-affine write-back).
-
-    Parameters
-    ----------
-    func : PrimFunc
-        The kernel.
-    site : StreamKSite
-        Its analysis, from :func:`tvm_streamk.analysis.analyze`.
-
-    Returns
-    -------
-    tuple of int or None
-    """
-    from tvm import sym
-
-    writeback = site.writebacks[0].block
-    path = find_block_path(func, writeback.name_hint)
-    realize: SBlockRealize = path[-1]
-    loops = [s for s in path if isinstance(s, tirx.For)][len(site.band) :]
-    domain = {lp.loop_var: sym.IntervalSet(lp.min, lp.min + lp.extent - 1) for lp in loops}
-    bindings = {iv.var: value for iv, value in zip(writeback.iter_vars, realize.iter_values)}
-    analyzer = sym.Analyzer()
-    shape = []
-    for index in writeback.body.indices:
-        bound = structural_map(index, (tirx.Var, lambda v: bindings.get(v, v)))
-        interval = analyzer.int_set(bound, domain)
-        extent = analyzer.simplify(interval.max_value - interval.min_value + 1)
-        if not isinstance(extent, tirx.IntImm):
-            return None
-        shape.append(int(extent.value))
-    return tuple(shape)

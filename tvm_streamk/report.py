@@ -49,6 +49,9 @@ class PlanStats:
     predicted_units : float or None
         :func:`tvm_streamk.cost_model.predicted_time` (one unit = one K-panel iteration of one
         tile), or None without an SM count.
+    predicted_us : float or None
+        The same model's prediction in microseconds on the named GPU of the report
+        (:attr:`Explanation.gpu`), or None when the kernel is not priced on one.
     """
 
     label: str
@@ -62,6 +65,7 @@ class PlanStats:
     workspace_bytes: int | None
     zeroed_bytes: int | None
     predicted_units: float | None
+    predicted_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,14 @@ class Explanation:
         For a kernel explained with a CUDA ``target``: ``"kernel"`` and ``"data_parallel"``, the
         :class:`~tvm_streamk.occupancy.Occupancy` of the built Stream-K kernel and of the
         data-parallel one, which then also size the baseline and the model's SM sharing.
+    gpu : str or None
+        The GPU of :data:`tvm_streamk.cost_model.GPU_SPECS` the predictions in microseconds are
+        for; None when they are in units only.
+    roofline_us : float or None
+        The GEMM's roofline on ``gpu`` (:func:`tvm_streamk.cost_model.roofline_us`): no
+        decomposition is predicted below it.
+    unpriced : str or None
+        Why the kernel is not priced on the GPU asked for (predictions then in units), or None.
     """
 
     plan: Plan
@@ -104,6 +116,9 @@ class Explanation:
     function: str | None = None
     block: str | None = None
     occupancy: dict | None = None
+    gpu: str | None = None
+    roofline_us: float | None = None
+    unpriced: str | None = None
 
     @property
     def slots(self) -> int | None:
@@ -112,8 +127,11 @@ class Explanation:
 
     @property
     def speedup(self) -> float | None:
-        """Predicted data-parallel time over the plan's (above 1: the plan is faster)."""
+        """Predicted data-parallel time over the plan's (above 1: the plan is faster), in
+        microseconds when priced on a GPU, else in units."""
         ours, theirs = self.stats.predicted_units, self.baseline_stats.predicted_units
+        if self.stats.predicted_us is not None and self.baseline_stats.predicted_us is not None:
+            ours, theirs = self.stats.predicted_us, self.baseline_stats.predicted_us
         if ours is None or theirs is None or ours <= 0:
             return None
         return theirs / ours
@@ -126,7 +144,10 @@ class Explanation:
         dict
             Top-level keys describe the work and the choice (``policy``, ``reason``, ``tiles``,
             ``panels``, ``num_sms``, ``fixup``, ``tile_shape``, ``predicted_speedup``, ...);
-            ``"plan"`` and ``"data_parallel"`` hold the :class:`PlanStats` of each as dicts.
+            ``"plan"`` and ``"data_parallel"`` hold the :class:`PlanStats` of each as dicts;
+            ``"predicted_us"`` the plan's, data-parallel's and the roofline's microseconds on
+            ``"gpu"`` (None each when not priced). Every prediction is the cost model's, not a
+            measurement.
         """
         p = self.plan
         return {
@@ -145,6 +166,13 @@ class Explanation:
             "fixup": self.fixup,
             "tile_shape": None if self.tile_shape is None else list(self.tile_shape),
             "predicted_speedup": self.speedup,
+            "gpu": self.gpu,
+            "unpriced": self.unpriced,
+            "predicted_us": {
+                "plan": self.stats.predicted_us,
+                "data_parallel": self.baseline_stats.predicted_us,
+                "roofline": self.roofline_us,
+            },
             "plan": _stats_dict(self.stats),
             "data_parallel": _stats_dict(self.baseline_stats),
             "occupancy": None
@@ -175,17 +203,25 @@ class Explanation:
             ),
             f"  fixup     {self.fixup}",
             *_occupancy_lines(self.occupancy),
+            *_gpu_lines(self.gpu, self.roofline_us, self.unpriced),
             "",
         ]
-        ours = _column(self.stats, self.speedup)
-        base = _column(self.baseline_stats, None if self.speedup is None else 1.0)
-        cells = list(zip(("", *_ROW_NAMES), ours, base))
+        priced = self.stats.predicted_us is not None
+        ours = _column(self.stats, self.speedup, priced)
+        base = _column(self.baseline_stats, None if self.speedup is None else 1.0, priced)
+        names = _ROW_NAMES[:-1] + (_PRICED_ROW,) + _ROW_NAMES[-1:] if priced else _ROW_NAMES
+        cells = list(zip(("", *names), ours, base))
         w0 = max(len(a) for a, _, _ in cells)
         w1 = max(len(b) for _, b, _ in cells)
         w2 = max(len(c) for _, _, c in cells)
         lines += [f"  {a:<{w0}}  {b:>{w1}}  {c:>{w2}}".rstrip() for a, b, c in cells]
         if self.stats.workspace_bytes is None:
             lines.append("  (byte counts need the tile shape: pass tile_shape=)")
+        lines.append(
+            "  (predicted: the cost model's figures, not measurements"
+            + ("" if priced else "; one unit = one K-panel iteration of one tile")
+            + ")"
+        )
         return "\n".join(lines)
 
 
@@ -198,6 +234,15 @@ def _occupancy_lines(occ: dict | None) -> list[str]:
         f"{k.max_warps} warps, {k.limiter} limit); data-parallel kernel {d.blocks} "
         f"({d.active_warps}/{d.max_warps} warps)"
     ]
+
+
+def _gpu_lines(gpu: str | None, roofline: float | None, unpriced: str | None) -> list[str]:
+    if unpriced is not None:
+        return [f"  gpu       not priced, predictions in units: {unpriced}"]
+    if gpu is None:
+        return []
+    floor = "" if roofline is None else f"; roofline {roofline:.3g} us (predicted floor)"
+    return [f"  gpu       {gpu} (published specifications{floor})"]
 
 
 def slots(p: Plan) -> int | None:
@@ -223,10 +268,13 @@ _ROW_NAMES = (
     "predicted time (units)",
     "predicted speed-up",
 )
+_PRICED_ROW = "predicted time (us)"
 
 
-def _column(s: PlanStats, speedup: float | None) -> tuple[str, ...]:
-    """The cells of one plan's column of the report, in the order of :data:`_ROW_NAMES`."""
+def _column(s: PlanStats, speedup: float | None, priced: bool = False) -> tuple[str, ...]:
+    """The cells of one plan's column of the report, in the order of :data:`_ROW_NAMES` (with
+    :data:`_PRICED_ROW` before the speed-up when ``priced``)."""
+    us = ("-" if s.predicted_us is None else f"{s.predicted_us:.3g}",) if priced else ()
     return (
         s.label,
         str(s.grid),
@@ -238,6 +286,7 @@ def _column(s: PlanStats, speedup: float | None) -> tuple[str, ...]:
         _bytes(s.workspace_bytes),
         _bytes(s.zeroed_bytes),
         "-" if s.predicted_units is None else f"{s.predicted_units:.0f}",
+        *us,
         "-" if speedup is None else f"{speedup:.2f}x",
     )
 

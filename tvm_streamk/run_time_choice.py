@@ -171,8 +171,9 @@ class StreamKOrDataParallel(StreamK):
     def candidates(self, tiles, panels, slots):
         return []
 
-    def plan_at_count(self, tiles, panels, num_sms, blocks_per_sm, fixup):
-        buckets = stream_k_buckets(panels, num_sms, blocks_per_sm, fixup)
+    def plan_at_count(self, tiles, panels, num_sms, blocks_per_sm, fixup, buckets=None):
+        if buckets is None:
+            buckets = stream_k_buckets(panels, num_sms, blocks_per_sm, fixup)
         stream_k = any(lo <= tiles <= hi for lo, hi in buckets)
         chosen = plan(
             tiles, panels, num_sms, blocks_per_sm, "stream_k" if stream_k else "data_parallel"
@@ -182,7 +183,9 @@ class StreamKOrDataParallel(StreamK):
 
     def run_time_grid(self, p, slots, ops, fixup):
         stream_k = ops.min(slots, p.iterations)
-        buckets = stream_k_buckets(p.panels, p.num_sms, p.blocks_per_sm, fixup)
+        buckets = p.buckets
+        if buckets is None:
+            buckets = stream_k_buckets(p.panels, p.num_sms, p.blocks_per_sm, fixup)
         if not buckets:
             return p.tiles
         return ops.select(_in_buckets(p.tiles, buckets, ops), stream_k, p.tiles)

@@ -176,7 +176,7 @@ def _record(on: Schedule, block_rv, site: StreamKSite, fuse: list, decision) -> 
     # TVM's annotate keeps an existing key's value, so the old keys are removed first; the
     # trace records both steps and replays to the same.
     existing = on.get(block_rv).annotations
-    for key in record.KEYS:
+    for key in record.KEYS + record.OPTIONAL_KEYS:
         if key in existing:
             on.unannotate(block_rv, key)
     for key, value in decision.as_annotations().items():

@@ -105,6 +105,7 @@ def test_default_device_is_pocl_without_a_usable_gpu(monkeypatch):
     if pocl.available():
         assert devices.default_device() == "pocl"
         assert devices.num_sms("pocl") == pocl.compute_units()
+
     def missing():
         raise pocl.DeviceUnavailableError("no usable OpenCL CPU executor (findings)")
 

@@ -9,7 +9,8 @@ import pytest
 import tvm_streamk
 from tests.helpers import OPENCL
 from tvm_streamk import cost_model, pocl, workloads
-from tvm_streamk.explain import ExplainError, explain, writeback_tile_shape
+from tvm_streamk.analysis import writeback_tile_shape
+from tvm_streamk.explain import ExplainError, explain
 
 
 def test_hand_checked_stream_k_plan():

@@ -6,7 +6,8 @@
 - :mod:`.tensor_core`: MMA update blocks, tensorized or marked for tensorization;
 - :mod:`.blocks`: queries over blocks (paths, reads, writes, names);
 - :mod:`.ragged`: a grouped GEMM's ragged views and tile space;
-- :mod:`.flops`: the work of an unscheduled kernel.
+- :mod:`.flops`: the work of an unscheduled kernel;
+- :mod:`.tile_shape`: what one tile of a scheduled kernel writes.
 """
 
 from .blocks import (
@@ -33,6 +34,7 @@ from .site import (
     StreamKSite,
     WriteBack,
 )
+from .tile_shape import writeback_tile_shape
 from .tiled_reduction import analyze, analyze_block, first_site, refusals
 
 __all__ = [
@@ -64,4 +66,5 @@ __all__ = [
     "is_reduction",
     "refusals",
     "sblock_rv",
+    "writeback_tile_shape",
 ]

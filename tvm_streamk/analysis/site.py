@@ -55,6 +55,8 @@ class StreamKSite:
     panel_chain: tuple[tirx.For, ...] = ()
     # A grouped GEMM's tile space (``analysis.ragged``): its tile count is read on the device.
     ragged: object | None = None
+    # The function the block was found in (for what only its whole body tells: the tile shape).
+    func: tirx.PrimFunc | None = field(default=None, compare=False, repr=False)
 
     @property
     def merged(self) -> tirx.Buffer:

@@ -230,6 +230,7 @@ def analyze(func: tirx.PrimFunc, block_name: str) -> StreamKSite:
         stage=stage,
         panel_chain=chain,
         ragged=ragged,
+        func=func,
     )
 
 

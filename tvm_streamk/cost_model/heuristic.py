@@ -54,9 +54,11 @@ def choose(
 
     When the tiles fill whole waves data-parallel is chosen outright: it has no quantisation
     loss, and the model's only credit to a persistent Stream-K loop there (fewer block launches)
-    is paid back by costs the model does not see. Otherwise every plan of :func:`candidates` is
-    predicted and the fastest wins, ties going to the simpler policy, unless it beats
-    data-parallel by less than ``cost.min_gain``.
+    is paid back by costs the model does not see. A plan that splits no tile is never a rival:
+    it walks the same whole tiles in the same rounds. Otherwise every plan of
+    :func:`candidates` that splits a tile is predicted and the fastest wins, ties going to the
+    simpler policy, unless it beats data-parallel by less than ``cost.min_gain`` (the model's
+    stated uncertainty).
 
     Parameters
     ----------
@@ -101,19 +103,31 @@ def choose(
             reason=f"tiles {tiles} = {waves} full wave(s) of {slots} slots: data-parallel has "
             "no quantisation loss",
         )
+    last = tiles - (waves - 1) * slots
+    quant = f"data-parallel runs {waves} wave(s) of {slots} slots, the last {last}/{slots} full"
+    # A plan that splits no tile walks the same whole tiles in the same rounds as
+    # data-parallel: whatever the model credits it with (fewer launches) is not a gain.
+    rivals = [
+        c
+        for c in candidates(tiles, panels, num_sms, blocks_per_sm)
+        if c.policy != dp.policy and c.split_tiles
+    ]
+    if not rivals:
+        return dataclasses.replace(
+            dp,
+            reason=f"data_parallel: no decomposition splits a tile ({panels} K-panel(s) per "
+            f"tile), so none gains; {quant}",
+        )
+    unit = cost.unit
     t_dp = predicted_time(dp, cost=cost, fixup=fixup, saturation=busy)
     scored = [(t_dp, dp)] + [
-        (predicted_time(c, cost=cost, fixup=fixup, saturation=busy), c)
-        for c in candidates(tiles, panels, num_sms, blocks_per_sm)
-        if c.policy != dp.policy
+        (predicted_time(c, cost=cost, fixup=fixup, saturation=busy), c) for c in rivals
     ]
     t_best = min(t for t, _ in scored)
     # The first candidate within rounding of the minimum is the simplest of the fastest.
     t_pick, pick = next((t, c) for t, c in scored if t <= t_best * (1 + 1e-9))
     if t_pick > t_dp * (1 - cost.min_gain):
         t_pick, pick = scored[0]
-    last = tiles - (waves - 1) * slots
-    quant = f"data-parallel runs {waves} wave(s) of {slots} slots, the last {last}/{slots} full"
     if pick is dp:
         t_alt, alt = min(scored[1:], key=lambda sc: sc[0])
         why = (
@@ -122,15 +136,19 @@ def choose(
             else "segment and fixup costs outweigh the quantisation loss"
         )
         reason = (
-            f"data_parallel predicted {t_dp:.0f} units vs best alternative {alt.label} "
-            f"{t_alt:.0f} ({why}; {quant})"
+            f"data_parallel predicted {_fmt(t_dp)} {unit} vs best alternative {alt.label} "
+            f"{_fmt(t_alt)} ({why}; {quant})"
         )
     else:
         reason = (
-            f"{pick.label} on grid {pick.grid} predicted {t_pick:.0f} units vs data_parallel "
-            f"{t_dp:.0f} ({t_dp / t_pick:.2f}x): {quant}"
+            f"{pick.label} on grid {pick.grid} predicted {_fmt(t_pick)} {unit} vs data_parallel "
+            f"{_fmt(t_dp)} ({t_dp / t_pick:.2f}x): {quant}"
         )
     return dataclasses.replace(pick, reason=reason)
 
 
 policies.register_chooser("heuristic", choose)
+
+
+def _fmt(t: float) -> str:
+    return f"{t:.0f}" if t >= 100 else f"{t:.3g}"

@@ -104,6 +104,10 @@ class CostParams:
     seconds_per_unit: float | None = None
     min_gain: float = 0.03
     saturation_warps: int = 16
+    # The kernel's price on a named GPU (:func:`priced`): then an iteration's time comes from
+    # its bytes and FLOPs, the other constants are microseconds, and predictions pay the
+    # launches and never go below the roofline.
+    price: object | None = None
 
     def __post_init__(self) -> None:
         for name in FEATURES:
@@ -126,8 +130,30 @@ class CostParams:
         """The constants ``(c_iter, c_seg, c_fix, c_block)`` in feature order."""
         return (self.c_iter, self.c_seg, self.c_fix, self.c_block)
 
+    @property
+    def unit(self) -> str:
+        """What a predicted time is counted in: ``"us"`` on a named GPU, else ``"units"``."""
+        return "us" if self.price is not None else "units"
+
 
 DEFAULT_COST = CostParams()
+
+
+def priced(price, min_gain: float | None = None) -> CostParams:
+    """The model's constants in microseconds for a priced kernel
+    (:func:`tvm_streamk.cost_model.physical.price`)."""
+    from .physical import MIN_GAIN
+
+    return CostParams(
+        c_iter=1.0,
+        c_seg=price.segment_us,
+        c_fix=price.fix_us,
+        c_block=price.block_us,
+        seconds_per_unit=1e-6,
+        min_gain=MIN_GAIN if min_gain is None else min_gain,
+        price=price,
+    )
+
 
 # A point in time as feature counts (iterations, segments, partial transfers, blocks) along the
 # chain that produced it; its value is the dot product with the constants.
@@ -197,9 +223,13 @@ def saturation(warps_per_block: int, dp_blocks_per_sm: int, cost: CostParams = D
     return max(1, min(dp_blocks_per_sm, -(-cost.saturation_warps // warps_per_block)))
 
 
-def _shares(p: Plan, num_sms: int, blocks_per_sm: int, saturation: int | None) -> list[float]:
-    """Units each block takes per iteration: its SM is shared by the blocks of its wave resident
-    there (spread evenly over the SMs), and runs at full throughput from ``saturation`` on."""
+def _shares(
+    p: Plan, num_sms: int, blocks_per_sm: int, saturation: int | None, price=None
+) -> list[float]:
+    """Units (or, priced, microseconds) each block takes per iteration: its SM is shared by the
+    blocks of its wave resident there (spread evenly over the SMs), and runs at full throughput
+    from ``saturation`` on. Priced, an iteration at full throughput takes the longer of its math
+    and its device-memory traffic, which depends on how many SMs are active."""
     busy = blocks_per_sm if saturation is None else saturation
     if isinstance(busy, bool) or not isinstance(busy, int) or busy < 1:
         raise CostModelError(f"saturation must be a positive int, found {busy!r}")
@@ -208,7 +238,11 @@ def _shares(p: Plan, num_sms: int, blocks_per_sm: int, saturation: int | None) -
     for b in range(p.grid):
         in_wave = min(slots, p.grid - b // slots * slots)
         resident = min(blocks_per_sm, -(-in_wave // num_sms))
-        shares.append(float(max(resident, busy)))
+        share = float(max(resident, busy))
+        if price is not None:
+            active = min(num_sms, in_wave)
+            share *= price.iteration_us(active, in_wave, p.tiles, p.panels)
+        shares.append(share)
     return shares
 
 
@@ -288,7 +322,7 @@ def critical_features(
     tuple of float
     """
     num_sms, blocks_per_sm = _resident(p, num_sms, blocks_per_sm)
-    shares = _shares(p, num_sms, blocks_per_sm, saturation)
+    shares = _shares(p, num_sms, blocks_per_sm, saturation, cost.price)
     return _simulate(p, num_sms * blocks_per_sm, cost, fixup, shares)
 
 
@@ -300,7 +334,8 @@ def predicted_time(
     fixup: str = "workspace",
     saturation: int | None = None,
 ) -> float:
-    """Predicted run time of ``p`` in units (one K-panel iteration of one tile).
+    """Predicted run time of ``p``: in microseconds when ``cost`` prices the kernel on a named
+    GPU (:func:`priced`), else in units (one K-panel iteration of one tile).
 
     Parameters
     ----------
@@ -318,7 +353,8 @@ def predicted_time(
     -------
     float
         The makespan of list-scheduling the blocks onto ``num_sms * blocks_per_sm`` slots, the
-        resident blocks of an SM sharing it.
+        resident blocks of an SM sharing it; priced, plus the launches (the kernel, and the
+        fix-up's prologue where tiles are split), and never below the GEMM's roofline.
 
     Examples
     --------
@@ -329,4 +365,8 @@ def predicted_time(
     18.0
     """
     features = critical_features(p, num_sms, blocks_per_sm, cost, fixup, saturation)
-    return _value(features, cost.vector())
+    value = _value(features, cost.vector())
+    if cost.price is None:
+        return value
+    launches = 1 + (1 if p.split_tiles else 0)
+    return max(value + launches * cost.price.launch_us, cost.price.floor_us(p.tiles))

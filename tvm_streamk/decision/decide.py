@@ -195,8 +195,10 @@ def _chosen(site, request, sms, fixup, target, bps, dp_bps, warps):
     busy = None
     if dp_bps is not None and warps is not None:
         busy = cost_model.saturation(warps, dp_bps)
+    # In microseconds on a GPU the model has a specification of, else in units.
+    cost = cost_model.cost_for(site, target, fixup)
     try:
-        chosen = _choose(site, request, sms, bps, fixup, dp_bps, busy)
+        chosen = _choose(site, request, sms, bps, fixup, dp_bps, busy, cost)
         if fixup_refusal is not None and not chosen.scheme.is_original:
             chosen = decomposition.plan(
                 site.tiles, site.panels, sms.planned, dp_bps or bps, rules.original_policy()
@@ -211,15 +213,16 @@ def _chosen(site, request, sms, fixup, target, bps, dp_bps, warps):
         splits=chosen.splits,
         fixup=fixup,
         group=request.group or 0,
+        buckets=chosen.buckets,
     )
     return decision, chosen
 
 
-def _choose(site, request, sms: SmCount, bps, fixup, dp_bps, busy) -> decomposition.Plan:
+def _choose(site, request, sms: SmCount, bps, fixup, dp_bps, busy, cost) -> decomposition.Plan:
     if site.runtime_tiles:
-        return _run_time_plan(site, request.policy, sms, bps, fixup)
+        return _run_time_plan(site, request.policy, sms, bps, fixup, cost)
     if site.fragment_accumulator:
-        return _aligned_plan(site, request, sms.planned, bps, dp_bps, busy)
+        return _aligned_plan(site, request, sms.planned, bps, dp_bps, busy, cost)
     return decomposition.plan(
         site.tiles,
         site.panels,
@@ -228,13 +231,14 @@ def _choose(site, request, sms: SmCount, bps, fixup, dp_bps, busy) -> decomposit
         policy=request.policy,
         splits=request.splits,
         variant=request.variant,
+        cost=cost,
         fixup=fixup,
         dp_blocks_per_sm=dp_bps,
         saturation=busy,
     )
 
 
-def _aligned_plan(site, request: Request, sms: int, bps: int, dp_bps, busy):
+def _aligned_plan(site, request: Request, sms: int, bps: int, dp_bps, busy, cost):
     """The aligned split ``S`` (a divisor of the panel count, 1 being data-parallel) the cost
     model predicts fastest, for a tensor-core fragment accumulator asked for by a chooser or a
     policy that adapts to fragments (:func:`.rules.check_fragment_plan` says why only these)."""
@@ -246,11 +250,19 @@ def _aligned_plan(site, request: Request, sms: int, bps: int, dp_bps, busy):
         for d in range(2, panels + 1)
         if panels % d == 0
     ]
-    times = [cost_model.predicted_time(c, sms, saturation=busy) for c in candidates]
-    return candidates[min(range(len(candidates)), key=lambda i: (times[i], i))]
+    times = [cost_model.predicted_time(c, sms, cost=cost, saturation=busy) for c in candidates]
+    best = min(range(len(candidates)), key=lambda i: (times[i], i))
+    if best and times[best] > times[0] * (1 - cost.min_gain):
+        best = 0
+    unit = cost.unit
+    return candidates[best].with_reason(
+        f"{candidates[best].label} predicted {times[best]:.3g} {unit} vs data_parallel "
+        f"{times[0]:.3g} {unit} (aligned splits of {panels} panels for a tensor-core fragment; "
+        f"a split must gain more than the {cost.min_gain:.0%} margin)"
+    )
 
 
-def _run_time_plan(site, policy: str, sms: SmCount, bps: int, fixup: str):
+def _run_time_plan(site, policy: str, sms: SmCount, bps: int, fixup: str, cost):
     """A chooser's plan of a run-time tile count: Stream-K or data-parallel chosen per tile
     count when the kernel runs (:mod:`tvm_streamk.run_time_choice`); the Stream-K walk for a
     grouped GEMM; data-parallel for a tensor-core fragment (whose splits are fixed at compile
@@ -281,4 +293,5 @@ def _run_time_plan(site, policy: str, sms: SmCount, bps: int, fixup: str):
         StreamKOrDataParallel.name,
         variant=StreamKOrDataParallel.variant,
     )
-    return chosen.with_reason(describe(stream_k_buckets(site.panels, sms.planned, bps, fixup)))
+    buckets = stream_k_buckets(site.panels, sms.planned, bps, fixup, cost)
+    return chosen.with_buckets(buckets).with_reason(describe(buckets))

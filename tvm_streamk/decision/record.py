@@ -33,6 +33,10 @@ KEY_SPLITS = PREFIX + "splits"
 KEY_FIXUP = PREFIX + "fixup"
 KEY_GROUP = PREFIX + "group"
 KEYS = (KEY_POLICY, KEY_NUM_SMS, KEY_BLOCKS_PER_SM, KEY_SPLITS, KEY_FIXUP, KEY_GROUP)
+# Recorded only by a decision that has it: the tile counts a run-time choice takes Stream-K
+# for, as the model decided them (``"1-2,5-6"``; ``""`` for none).
+KEY_BUCKETS = PREFIX + "buckets"
+OPTIONAL_KEYS = (KEY_BUCKETS,)
 
 # num_sms recorded as 0: read the multiprocessor count of the device at run time.
 DEVICE_SMS = 0
@@ -59,6 +63,9 @@ class Decision:
         A registered fix-up (never ``"auto"``).
     group : int
         Tile rows per group of the swizzled order (0: row-major).
+    buckets : tuple of (int, int), or None
+        A run-time choice's Stream-K tile counts as decided
+        (:attr:`~tvm_streamk.decomposition.Plan.buckets`); None for the other policies.
     """
 
     policy: str
@@ -68,12 +75,13 @@ class Decision:
     splits: int
     fixup: str
     group: int
+    buckets: tuple | None = None
 
     def as_annotations(self) -> dict[str, tirx.IntImm]:
         def imm(v: int) -> tirx.IntImm:
             return tirx.IntImm("int32", int(v))
 
-        return {
+        out = {
             KEY_POLICY: policies.get(self.policy, self.variant).key,
             KEY_NUM_SMS: imm(self.num_sms),
             KEY_BLOCKS_PER_SM: imm(self.blocks_per_sm),
@@ -81,6 +89,9 @@ class Decision:
             KEY_FIXUP: fixup_registry.get(self.fixup).name,
             KEY_GROUP: imm(self.group),
         }
+        if self.buckets is not None:
+            out[KEY_BUCKETS] = ",".join(f"{lo}-{hi}" for lo, hi in self.buckets)
+        return out
 
 
 def has_decision(annotations) -> bool:
@@ -154,7 +165,22 @@ def decode(annotations, where: str) -> Decision:
         splits=as_int(KEY_SPLITS),
         fixup=fix.name,
         group=as_int(KEY_GROUP),
+        buckets=_buckets(annotations.get(KEY_BUCKETS), where),
     )
+
+
+def _buckets(value, where: str) -> tuple | None:
+    """The ranges of a :data:`KEY_BUCKETS` annotation (None when absent)."""
+    if value is None:
+        return None
+    text = str(value)
+    try:
+        pairs = [tuple(int(x) for x in part.split("-")) for part in text.split(",") if part]
+    except ValueError:
+        pairs = [()]
+    if any(len(p) != 2 or p[0] > p[1] for p in pairs):
+        _refuse(f"annotation {KEY_BUCKETS}={text!r} of block {where!r}, not ranges 'lo-hi,lo-hi'")
+    return tuple(pairs)
 
 
 def _policy_by_key(key: str):

@@ -73,10 +73,13 @@ def resolve(
             decision.policy,
             runtime_sms=decision.num_sms == DEVICE_SMS,
             variant=decision.variant,
+            buckets=decision.buckets,
         )
     rule = decomposition.policy.get(decision.policy, decision.variant)
     if tiles is not None:
-        chosen = rule.plan_at_count(tiles, site.panels, sms, decision.blocks_per_sm, decision.fixup)
+        chosen = rule.plan_at_count(
+            tiles, site.panels, sms, decision.blocks_per_sm, decision.fixup, decision.buckets
+        )
         if chosen is not None:
             return chosen
     return decomposition.plan(

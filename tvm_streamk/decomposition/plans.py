@@ -52,6 +52,11 @@ class Plan:
         The policy's variant (``"one_tile"`` or ``"two_tile"`` for ``hybrid``), None otherwise.
     reason : str
         Why this policy and grid were chosen; ``"requested"`` for explicit policies.
+    buckets : tuple of (int, int), or None
+        For a policy that picks its grid from a run-time tile count
+        (:class:`tvm_streamk.run_time_choice.StreamKOrDataParallel`), the inclusive tile-count
+        ranges that take Stream-K, fixed by the model when the decision was made; None
+        otherwise, or to let the policy compute them with the unit model.
     """
 
     policy: str
@@ -64,6 +69,7 @@ class Plan:
     sk_tiles: int = 0
     variant: str | None = None
     reason: str = ""
+    buckets: tuple | None = None
 
     def __post_init__(self) -> None:
         _check_plan(self)
@@ -205,6 +211,13 @@ class Plan:
         """This plan with :attr:`reason` replaced."""
         view = copy.copy(self)
         object.__setattr__(view, "reason", reason)
+        return view
+
+    def with_buckets(self, buckets) -> Plan:
+        """This plan with :attr:`buckets` replaced."""
+        view = copy.copy(self)
+        value = None if buckets is None else tuple((int(lo), int(hi)) for lo, hi in buckets)
+        object.__setattr__(view, "buckets", value)
         return view
 
     @cached_property

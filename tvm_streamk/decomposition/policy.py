@@ -147,11 +147,17 @@ class Policy:
         raise NotImplementedError
 
     def plan_at_count(
-        self, tiles: int, panels: int, num_sms: int, blocks_per_sm: int, fixup: str
+        self,
+        tiles: int,
+        panels: int,
+        num_sms: int,
+        blocks_per_sm: int,
+        fixup: str,
+        buckets: tuple | None = None,
     ) -> Plan | None:
         """The plan the kernel of a run-time tile count runs at ``tiles`` tiles, for a policy
         that decides it only then (None: :func:`~tvm_streamk.decomposition.plan` of this
-        policy is that plan)."""
+        policy is that plan); ``buckets`` as decided (:attr:`Plan.buckets`)."""
         return None
 
     def run_time_grid(self, p: Plan, slots: Any, ops: Ops, fixup: str) -> Any:

@@ -77,6 +77,7 @@ def plan_at_run_time(
     policy: str = "stream_k",
     runtime_sms: bool = False,
     variant: str | None = None,
+    buckets: tuple | None = None,
 ) -> RuntimeTilesPlan:
     """The plan of a kernel whose tile count ``tiles`` (an expression) is known only at run time.
 
@@ -86,7 +87,8 @@ def plan_at_run_time(
     run time (``num_sms`` is then 1, and the grid at most ``MAX_RUNTIME_SMS`` SMs' worth).
     ``data_parallel``'s view is the kernel as written, one block per tile; a ``variant`` of
     ``policy`` may choose the grid from the run-time count
-    (:class:`tvm_streamk.run_time_choice.StreamKOrDataParallel`).
+    (:class:`tvm_streamk.run_time_choice.StreamKOrDataParallel`), and ``buckets`` are its
+    Stream-K tile counts as decided (:attr:`Plan.buckets`).
     """
     panels = positive_int("panels", panels, "the number of K-panels per tile")
     blocks_per_sm = positive_int("blocks_per_sm", blocks_per_sm, "the resident blocks per SM")
@@ -111,4 +113,4 @@ def plan_at_run_time(
         "the tile count is known only at run time: the kernel computes its grid and work split "
         "from it"
     )
-    return at_run_time(static, tiles, bound, reason, variant)
+    return at_run_time(static.with_buckets(buckets), tiles, bound, reason, variant)

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import tvm
 from tvm.ir.utils import derived_object
 
+from .. import cost_model, decomposition
 from .._compat import Schedule, meta_schedule, structural_map
+from ..analysis import analyze, blocks_under
+from ..decision import decode, has_decision, resolve
 from ..lowered_view import has_stream_k, lowered_view
+
+# The column appended to every store's features: log2 of the speed-up over data-parallel that
+# the analytical model (tvm_streamk.cost_model) predicts for the candidate's decision, in
+# microseconds on a GPU of its GPU_SPECS and in units elsewhere; 0 without a decision.
+MODEL_FEATURES = ("log2_predicted_speedup",)
 
 
 def _without_select(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
@@ -70,7 +81,10 @@ class StreamKFeatureExtractor(meta_schedule.feature_extractor.PyFeatureExtractor
 
     Trip counts that depend on the block index (segments per block, panels per segment) are
     unknown to ``PerStoreFeature``, which counts such loops once, as it does for any loop with a
-    non-constant extent.
+    non-constant extent. So every store's features end with :data:`MODEL_FEATURES`: the
+    analytical model's predicted speed-up of the candidate's decision over data-parallel
+    (log2; 0 for a data-parallel candidate, a run-time tile count or a kernel it cannot
+    analyse), which knows the waves, the split tiles and the fix-up's traffic.
 
     Parameters
     ----------
@@ -88,7 +102,15 @@ class StreamKFeatureExtractor(meta_schedule.feature_extractor.PyFeatureExtractor
 
     def extract_from(self, context, candidates):
         as_run = [self._as_run(context, candidate) for candidate in candidates]
-        return self.per_store.extract_from(context, as_run)
+        stores = self.per_store.extract_from(context, as_run)
+        out = []
+        for candidate, features in zip(candidates, stores):
+            array = features.numpy()
+            column = np.full((array.shape[0], 1), _log2_speedup(candidate.sch.mod, context.target))
+            out.append(
+                tvm.runtime.tensor(np.concatenate([array, column], axis=1).astype(array.dtype))
+            )
+        return out
 
     @staticmethod
     def _as_run(context, candidate):
@@ -96,3 +118,33 @@ class StreamKFeatureExtractor(meta_schedule.feature_extractor.PyFeatureExtractor
             return candidate
         view = Schedule(_for_features(candidate.sch.mod, context.target))
         return meta_schedule.MeasureCandidate(view, candidate.args_info)
+
+
+def _log2_speedup(mod: tvm.IRModule, target) -> float:
+    """log2 of the model's predicted speed-up of ``mod``'s decision over data-parallel."""
+    for func in mod.functions.values():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        for block in blocks_under(func.body):
+            if not has_decision(block.annotations):
+                continue
+            try:
+                site = analyze(func, block.name_hint)
+                if site.runtime_tiles:
+                    return 0.0
+                decision = decode(block.annotations, block.name_hint)
+                chosen = resolve(site, decision, target)
+                dp = decomposition.plan(
+                    chosen.tiles,
+                    chosen.panels,
+                    chosen.num_sms,
+                    chosen.blocks_per_sm,
+                    "data_parallel",
+                )
+                cost = cost_model.cost_for(site, target, decision.fixup)
+                t = cost_model.predicted_time(chosen, cost=cost, fixup=decision.fixup)
+                t_dp = cost_model.predicted_time(dp, cost=cost, fixup=decision.fixup)
+            except (ValueError, tvm.TVMError):
+                return 0.0
+            return math.log2(t_dp / t) if t > 0 and t_dp > 0 else 0.0
+    return 0.0

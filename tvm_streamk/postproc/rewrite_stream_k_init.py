@@ -46,7 +46,7 @@ class RewriteStreamKInit(meta_schedule.postproc.PyPostproc):
             for block in blocks_under(func.body):
                 if record.has_decision(block.annotations) and not is_reduction(block):
                     block_rv = sch.get_sblock(block.name_hint, func_name=gv.name_hint)
-                    for key in record.KEYS:
+                    for key in record.KEYS + record.OPTIONAL_KEYS:
                         if key in block.annotations:
                             sch.unannotate(block_rv, key)
         return True
