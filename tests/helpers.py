@@ -21,6 +21,10 @@ H100 = tvm.target.Target("nvidia/nvidia-h100")
 # The archs the ptxas budget tests build for, by the tag of a GPU of each, and its SMs.
 SM_TARGETS = {"sm_80": "nvidia/nvidia-a100", "sm_90": "nvidia/nvidia-h100"}
 SM_COUNTS = {"sm_80": 108, "sm_90": 132}
+# What a Stream-K kernel may take beyond the data-parallel kernel of its schedule, per ptxas:
+# registers per thread and bytes of static shared memory (its fix-up's flags and counters).
+EXTRA_REGISTERS = 16
+EXTRA_SHARED = 1024
 # fp32 accumulation of the tests' K products of values in [-1, 1] stays within this of float64,
 # relative to the largest output (max|out - ref| / max|ref|).
 FP32_TOL = 1e-5

@@ -29,7 +29,7 @@ import tvm
 from tvm.s_tir import Schedule
 
 import tvm_streamk
-from tests.helpers import SM_COUNTS, SM_TARGETS
+from tests.helpers import EXTRA_REGISTERS, EXTRA_SHARED, SM_COUNTS, SM_TARGETS
 from tests.kernels import budget_schedule
 from tvm_streamk import ptxas, workloads
 from tvm_streamk._compat import dlight
@@ -38,9 +38,6 @@ pytestmark = [
     pytest.mark.ptxas,
     pytest.mark.skipif(not ptxas.available(), reason="nvcc is not on PATH"),
 ]
-
-EXTRA_REGISTERS = 16
-EXTRA_SHARED = 1024
 
 # The README's shape: 67 x 4 tiles of 64 x 64 (a partial last row) over 256 K-panels of 16.
 M, N, K = 4256, 256, 4096
