@@ -7,7 +7,8 @@
 - :mod:`.blocks`: queries over blocks (paths, reads, writes, names);
 - :mod:`.ragged`: a grouped GEMM's ragged views and tile space;
 - :mod:`.flops`: the work of an unscheduled kernel;
-- :mod:`.tile_shape`: what one tile of a scheduled kernel writes.
+- :mod:`.tile_shape`: what one tile of a scheduled kernel writes;
+- :mod:`.gemm_axes`: a reduction's axes as a GEMM's, and which reductions are depthwise.
 """
 
 from .blocks import (
@@ -18,6 +19,7 @@ from .blocks import (
     is_reduction,
     sblock_rv,
 )
+from .gemm_axes import GemmAxes, gemm_axes, is_depthwise
 from .ragged import COND_RAGGED, RAGGED_ATTR, RAGGED_SCOPE, RaggedSpace, ragged_views
 from .site import (
     COND_ACCUMULATOR,
@@ -49,6 +51,7 @@ __all__ = [
     "COND_RUNTIME_TILES",
     "COND_WRITEBACK",
     "FRAGMENT_SCOPES",
+    "GemmAxes",
     "RAGGED_ATTR",
     "RAGGED_SCOPE",
     "REGISTER_SCOPES",
@@ -62,7 +65,9 @@ __all__ = [
     "find_block_path",
     "first_site",
     "function_of",
+    "gemm_axes",
     "ragged_views",
+    "is_depthwise",
     "is_reduction",
     "refusals",
     "sblock_rv",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import tvm
 
 from .._compat import Schedule, ScheduleError, dlight
-from ..analysis import is_reduction
+from ..analysis import gemm_axes, is_reduction
 from ..transform.group_axis import GroupAxisRefused, split_group_axis
 from .errors import WorkloadError
 
@@ -185,50 +185,32 @@ def gemm_index_maps(block) -> tuple | None:
     dlight's own :func:`get_index_map` requires an I, a J and a K axis of extent above 1;
     here an absent one becomes an axis of extent 1 (dlight's fusion maps give a missing kind
     the constant 0), so a convolution with one output position, one output channel per group
-    or a one-element reduction is a GEMM too.
+    or a one-element reduction is a GEMM too. The axes' roles are
+    :func:`tvm_streamk.analysis.gemm_axes`'s.
     """
     found = dlight.gpu.matmul.get_index_map(block)
     if found is not None:
         return found
+    axes = gemm_axes(block)
+    if axes is None:
+        return None
     matmul = dlight.gpu.matmul
     kind = matmul.IterKind
-    if len(block.reads) != 2 or len(block.writes) != 1:
-        return None
-    touched = []
-    for region in (block.reads[0], block.reads[1], block.writes[0]):
-        if not all(
-            isinstance(r.extent, tvm.tirx.IntImm) and int(r.extent) == 1 for r in region.region
-        ):
-            return None
-        used = set()
-        for r in region.region:
-            used |= {v for v in tvm.tirx.analysis.undefined_vars(r.min)}
-        touched.append(used)
-    a_axes, b_axes, c_axes = touched
-    traits = {}
-    for iv in block.iter_vars:
-        var, extent = iv.var, iv.dom.extent
-        in_a, in_b, in_c = var in a_axes, var in b_axes, var in c_axes
-        if isinstance(extent, tvm.tirx.IntImm) and int(extent) == 1:
-            trait = kind.kIter_T
-        elif iv.iter_type == tvm.tirx.IterVar.DataPar and in_c and (in_a or in_b):
-            trait = kind.kIter_S if in_a and in_b else kind.kIter_I if in_a else kind.kIter_J
-        elif iv.iter_type == tvm.tirx.IterVar.CommReduce and in_a and in_b and not in_c:
-            trait = kind.kIter_K
-        else:
-            return None
-        traits[var] = matmul.IterTrait(trait, extent)
-    order = [iv.var for iv in block.iter_vars]
-
-    def fused(axes, kinds):
-        return matmul.make_iter_fusion_index_map([traits[v] for v in order if v in axes], kinds)
-
     s, i, j, k = kind.kIter_S, kind.kIter_I, kind.kIter_J, kind.kIter_K
+    kinds = {"batch": s, "i": i, "j": j, "k": k, "unit": kind.kIter_T}
+    order = [iv.var for iv in block.iter_vars]
+    traits = {
+        iv.var: matmul.IterTrait(kinds[axes.role(iv.var)], iv.dom.extent) for iv in block.iter_vars
+    }
+
+    def fused(used, into):
+        return matmul.make_iter_fusion_index_map([traits[v] for v in order if v in used], into)
+
     return (
         fused(set(order), [s, i, j, k]),
-        fused(a_axes, [s, i, k]),
-        fused(b_axes, [s, j, k]),
-        fused(c_axes, [s, i, j]),
+        fused(axes.used_by(0), [s, i, k]),
+        fused(axes.used_by(1), [s, j, k]),
+        fused(axes.used_by(2), [s, i, j]),
     )
 
 
