@@ -95,3 +95,45 @@ GROUPED_CONV_CASES = {
         "padding": 1,
     },
 }
+
+
+# TVM's own TE convolutions (``tvm.s_tir.meta_schedule.testing.te_workload``: the function, its
+# keyword arguments, the layout of ``workloads.conv_reference``), small enough to run on PoCL.
+# dlight's gpu.Matmul declines each: they read input channel co // CO * CI + rc, even ungrouped.
+# Comments give the GEMM StreamKImplicitGEMM makes of it (64 x bn tiles, 16-deep K panels).
+TE_CONV_CASES = {
+    # I = 2*100 = 200 (4 tiles), J = 20 (bn 32), K = 3*12 = 36 (3 panels).
+    "C1D": (
+        "conv1d_nlc",
+        {"N": 2, "L": 200, "CI": 12, "CO": 20, "kernel_size": 3, "stride": 2, "padding": 1},
+        "NWC",
+    ),
+    # I = 81 (2 tiles), J = 24 (bn 32), K = 3*3*64 = 576 (36 panels): a K above 512, which
+    # left it to dlight's Fallback before the rule.
+    "C2D": (
+        "conv2d_nhwc",
+        {"N": 1, "H": 9, "W": 9, "CI": 64, "CO": 24, "kernel_size": 3, "padding": 1},
+        "NHWC",
+    ),
+    # I = 4*7*7 = 196 (4 tiles), J = 12 (bn 16), K = 27*4 = 108 (7 panels).
+    "C3D": (
+        "conv3d_ndhwc",
+        {"N": 1, "D": 4, "H": 7, "W": 7, "CI": 4, "CO": 12, "kernel_size": 3, "padding": 1},
+        "NDHWC",
+    ),
+    # I = 2*12*12 = 288 (5 tiles), J = 20 (bn 32), K = 9*8 = 72 (5 panels); dilation 2.
+    "DIL": (
+        "conv2d_nhwc",
+        {
+            "N": 2,
+            "H": 12,
+            "W": 12,
+            "CI": 8,
+            "CO": 20,
+            "kernel_size": 3,
+            "padding": 2,
+            "dilation": 2,
+        },
+        "NHWC",
+    ),
+}

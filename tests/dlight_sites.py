@@ -20,6 +20,8 @@ from tvm.s_tir import dlight as dl
 import tvm_streamk
 from tvm_streamk import pocl, workloads
 from tvm_streamk.analysis import first_site
+from tvm_streamk.dlight import Decisions, StreamKMatmul
+from tvm_streamk.relax_pipeline import schedule_rules
 
 from .helpers import block_idx_extents
 
@@ -58,6 +60,17 @@ def schedule_with(func: tvm.tirx.PrimFunc, *rules) -> tuple[tvm.tirx.PrimFunc, s
     with A100:
         scheduled = dl.ApplyDefaultSchedule(*(r() for r in rules))(tvm.IRModule({"main": func}))
     return scheduled["main"], taken
+
+
+def pipeline_route(func: tvm.tirx.PrimFunc, **knobs) -> tuple[str | None, Decisions]:
+    """The first of ``relax_pipeline``'s rules (in its order, ``knobs`` for the project's) that
+    schedules ``func`` under A100, and the record of decisions the project's rules share."""
+    rule = StreamKMatmul(**knobs)
+    with A100:
+        for candidate in schedule_rules(rule):
+            if candidate.apply(func, A100, False) is not None:
+                return type(candidate).__name__, rule.decisions
+    return None, rule.decisions
 
 
 def matmul_site(func: tvm.tirx.PrimFunc, rules=(dl.gpu.Matmul,)) -> tuple[Schedule, str]:

@@ -221,3 +221,18 @@ def budget_schedule(source: str, arch: str) -> tuple[Schedule, str]:
     assert site is not None, f"no block of the {source} schedule is accepted"
     assert site.fragment_accumulator == (source == "dlight_wmma"), source
     return sch, site.block.name_hint
+
+
+def te_conv(case: tuple):
+    """TVM's TE convolution of a ``tests.conv_cases.TE_CONV_CASES`` entry, and its float64
+    reference as a function of the kernel's arguments."""
+    from tvm import te
+    from tvm.s_tir.meta_schedule.testing import te_workload
+
+    name, kwargs, layout = case
+    func = te.create_prim_func(getattr(te_workload, name)(**kwargs))
+    geometry = {k: kwargs.get(k, default) for k, default in (("stride", 1), ("dilation", 1))}
+    padding = kwargs.get("padding", 0)
+    return func, lambda args: workloads.conv_reference(
+        args, layout=layout, padding=padding, **geometry
+    )

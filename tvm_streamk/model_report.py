@@ -233,8 +233,8 @@ def _row(name, func, calls, rule, rules, target) -> KernelRow:
         )
     else:
         why = (
-            f"no Stream-K rule takes it (not a matmul, a low-batch matmul with a K-major "
-            f"weight or a short multiply-accumulate); dlight's {taken} schedules it"
+            f"no Stream-K rule takes it (not a matmul or convolution, a low-batch matmul with a "
+            f"K-major weight or a short depthwise reduction); dlight's {taken} schedules it"
         )
     return KernelRow(name, calls, total, taken, None, None, why)
 

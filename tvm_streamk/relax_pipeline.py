@@ -5,8 +5,10 @@ It is TVM's default CUDA Relax pipeline with the project's dlight rules in it:
 Stream-K decision to every matmul-like kernel (fused epilogues and grouped convolutions
 included); :class:`tvm_streamk.dlight.StreamKGEMV` takes the low-batch matmuls ``gpu.GEMV``
 declines (a fully connected layer at batch 1 with a K-major weight), and
-:class:`tvm_streamk.dlight.StreamKDepthwise` short reductions such as depthwise convolutions.
-All three record their decisions in one place, ``pipeline.rule.decided`` and
+:class:`tvm_streamk.dlight.StreamKImplicitGEMM` the convolutions ``gpu.Matmul`` declines (TVM's
+own TE convolutions, grouped ones with few channels per group) as implicit GEMMs, and
+:class:`tvm_streamk.dlight.StreamKDepthwise` the short depthwise reductions.
+All four record their decisions in one place, ``pipeline.rule.decided`` and
 ``pipeline.rule.skipped``; :func:`tvm_streamk.model_report` tabulates them. Build with the
 ``tvm_streamk`` TIR pipeline::
 
@@ -21,7 +23,7 @@ from tvm import relax
 
 from ._compat import dlight
 from ._compat import target as as_target
-from .dlight import StreamKDepthwise, StreamKGEMV, StreamKMatmul
+from .dlight import StreamKDepthwise, StreamKGEMV, StreamKImplicitGEMM, StreamKMatmul
 
 CUDA_BACKEND = "tvm.relax.backend.cuda.pipeline"
 
@@ -95,13 +97,16 @@ def schedule_rules(rule: StreamKMatmul) -> list:
     """dlight's GPU rules in the order the pipeline tries them: ``rule`` in place of
     ``gpu.Matmul``; then, sharing ``rule``'s knobs and record,
     :class:`~tvm_streamk.dlight.StreamKGEMV` for the low-batch matmuls with a K-major weight
-    that ``gpu.GEMV`` declines and :class:`~tvm_streamk.dlight.StreamKDepthwise` for short
-    multiply-accumulate reductions (depthwise convolutions)."""
+    that ``gpu.GEMV`` declines, :class:`~tvm_streamk.dlight.StreamKImplicitGEMM` for the
+    convolutions ``gpu.Matmul`` declines and :class:`~tvm_streamk.dlight.StreamKDepthwise` for
+    short depthwise reductions (the two take disjoint kernels:
+    :func:`tvm_streamk.analysis.is_depthwise` decides)."""
     knobs = rule.config.rule_kwargs
     return [
         rule,
         dlight.gpu.GEMV(),
         StreamKGEMV(**knobs, decisions=rule.decisions),
+        StreamKImplicitGEMM(**knobs, decisions=rule.decisions),
         StreamKDepthwise(**knobs, decisions=rule.decisions),
         dlight.gpu.Reduction(),
         dlight.gpu.GeneralReduction(),

@@ -3,6 +3,7 @@
 from .decisions import Decisions
 from .stream_k_depthwise import StreamKDepthwise
 from .stream_k_gemv import StreamKGEMV
+from .stream_k_implicit_gemm import StreamKImplicitGEMM
 from .stream_k_matmul import StreamKMatmul
 
-__all__ = ["Decisions", "StreamKDepthwise", "StreamKGEMV", "StreamKMatmul"]
+__all__ = ["Decisions", "StreamKDepthwise", "StreamKGEMV", "StreamKImplicitGEMM", "StreamKMatmul"]

@@ -81,17 +81,23 @@ class RecordsDecisions:
 
 
 class OwnScheduleRule(RecordsDecisions, dlight.gpu.base.GPUScheduleRule):
-    """A rule that writes its own schedule (:meth:`schedule`), then records a decision on it."""
+    """A rule that writes its own schedule (:meth:`schedule`, or :meth:`scheduled` for one
+    built from the function), then records a decision on it."""
 
     def schedule(self, sch: Schedule) -> bool:
         """Schedule ``sch`` in place; False (``sch`` untouched) when the rule does not apply."""
         raise NotImplementedError
 
+    def scheduled(self, func: tirx.PrimFunc) -> Schedule | None:
+        """The rule's schedule of ``func``, or None when the rule does not apply."""
+        sch = Schedule(func)
+        return sch if self.schedule(sch) else None
+
     def apply(self, func: tirx.PrimFunc, target, tunable: bool):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        sch = Schedule(func)
-        if not self.schedule(sch):
+        sch = self.scheduled(func)
+        if sch is None:
             return None
         decide(self, self.decisions.key(func), sch, target)
         return sch

@@ -1,10 +1,11 @@
-"""``StreamKDepthwise``: short multiply-accumulate reductions, one output per thread.
+"""``StreamKDepthwise``: depthwise reductions, one output per thread.
 
-A depthwise convolution reduces only over its window (``R * S``, 9 for 3x3) and reads a
-different input channel for every output channel, so it is no GEMM: dlight's ``gpu.Matmul``
-and the group split (:mod:`tvm_streamk.transform.group_axis`) find no J axis, and dlight's
-``gpu.Fallback`` takes it.
-With so short a reduction the right kernel gives each thread one output and its whole window:
+A depthwise convolution reduces only over its window (``R * S``, 9 for 3x3) and reads one input
+channel for every output channel (:func:`tvm_streamk.analysis.is_depthwise`), so it is no GEMM:
+its filter has no axis of its own to tile, dlight's ``gpu.Matmul`` and the group split
+(:mod:`tvm_streamk.transform.group_axis`) find no J axis, and dlight's ``gpu.Fallback`` takes
+it. With so short a reduction and nothing to reuse, the right kernel gives each thread one
+output and its whole window:
 
 * the outputs, flattened in their row-major order (innermost axis fastest: coalesced stores,
   and coalesced input reads along that axis), are cut into tiles of ``THREADS``; a block owns
@@ -14,8 +15,9 @@ With so short a reduction the right kernel gives each thread one output and its 
 
 Then it records a decision as :class:`~tvm_streamk.dlight.StreamKMatmul` does; with one to a few
 panels the cost model keeps it data-parallel unless the tiles leave most SMs idle. The rule
-takes any function with one multiply-accumulate reduction of at most ``MAX_REDUCTION``
-iterations per output and constant extents, which the rules before it declined.
+takes a function whose one reduction is depthwise, of at most ``MAX_REDUCTION`` iterations per
+output, with constant extents. A dense or grouped convolution is a GEMM, never this rule's:
+:class:`~tvm_streamk.dlight.StreamKImplicitGEMM` takes those ``gpu.Matmul`` declines.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from math import prod
 from tvm import tirx
 
 from .._compat import Schedule, dlight
-from ..analysis.flops import multiply_accumulates
+from ..analysis import is_depthwise
 from .decisions import OwnScheduleRule, bind_leftovers, only_reduction
 
 MAX_REDUCTION = 512
@@ -36,8 +38,8 @@ _matmul_rules = dlight.gpu.matmul
 
 
 class StreamKDepthwise(OwnScheduleRule):
-    """One output per thread, the short reduction in serial panels, then
-    :func:`tvm_streamk.stream_k` on it (a depthwise convolution's kernel).
+    """One output per thread, the short depthwise reduction in serial panels, then
+    :func:`tvm_streamk.stream_k` on it.
 
     Parameters
     ----------
@@ -51,12 +53,8 @@ class StreamKDepthwise(OwnScheduleRule):
             return False
         block = sch.get(main)
         loops = sch.get_loops(main)
-        if (
-            not multiply_accumulates(block)
-            or len(block.writes) != 1
-            or len(loops) != len(block.iter_vars)
-            or not all(isinstance(iv.dom.extent, tirx.IntImm) for iv in block.iter_vars)
-        ):
+        # is_depthwise also vouches for the one output and the constant extents _schedule needs.
+        if not is_depthwise(block) or len(loops) != len(block.iter_vars):
             return False
         kinds = [iv.iter_type for iv in block.iter_vars]
         # TE order: every spatial axis, then every reduction axis (only_reduction found one),
