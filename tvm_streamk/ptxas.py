@@ -18,6 +18,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import subprocess
@@ -25,7 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["KernelResources", "PtxasError", "available", "resources"]
+__all__ = ["KernelResources", "PtxasError", "available", "clear_cache", "resources"]
 
 
 class PtxasError(RuntimeError):
@@ -62,10 +63,22 @@ def available() -> bool:
 def resources(source: str, arch: str, timeout: float = 300) -> dict[str, KernelResources]:
     """Per-kernel resources of CUDA ``source`` compiled for ``arch`` (``"sm_80"``, ``"sm_90a"``).
 
-    ``arch`` is what a TVM CUDA target carries as ``target.attrs["arch"]``.
+    ``arch`` is what a TVM CUDA target carries as ``target.attrs["arch"]``. A source read once
+    is not compiled again in the same process (MetaSchedule and a model's repeated shapes
+    build the same kernel many times); :func:`clear_cache` forgets them.
     """
     if not available():
         raise PtxasError("nvcc is not on PATH; install the CUDA toolkit to read ptxas resources.")
+    return dict(_compiled(source, arch, timeout))
+
+
+def clear_cache() -> None:
+    """Forget the sources :func:`resources` has read (after changing the CUDA toolkit)."""
+    _compiled.cache_clear()
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(source: str, arch: str, timeout: float) -> tuple:
     with tempfile.TemporaryDirectory(prefix="tvm_streamk_ptxas_") as tmp:
         cu = Path(tmp) / "kernels.cu"
         cu.write_text(source)
@@ -87,7 +100,7 @@ def resources(source: str, arch: str, timeout: float = 300) -> dict[str, KernelR
             f"nvcc -arch={arch} failed (exit {done.returncode}): "
             + ("; ".join(errors[:3]) or report.strip()[-500:])
         )
-    return parse(report)
+    return tuple(parse(report).items())
 
 
 def parse(report: str) -> dict[str, KernelResources]:

@@ -23,7 +23,7 @@ from ._compat import (
     target_arch,
 )
 
-__all__ = ["KernelUse", "kernel_uses", "resident_blocks"]
+__all__ = ["KernelUse", "declared_uses", "kernel_uses", "resident_blocks"]
 
 
 @dataclass(frozen=True)
@@ -70,16 +70,46 @@ def _threads(func: tirx.PrimFunc) -> int:
 
 
 def _dynamic_shared(func: tirx.PrimFunc) -> int:
+    return _shared(func, "shared.dyn")
+
+
+def _static_shared(func: tirx.PrimFunc) -> int:
+    return _shared(func, "shared")
+
+
+def _shared(func: tirx.PrimFunc, scope: str) -> int:
     found = [0]
 
     def on_alloc(node) -> None:
         buf = node.buffer
-        if buf.scope() == "shared.dyn" and all(isinstance(d, tirx.IntImm) for d in buf.shape):
+        if buf.scope() == scope and all(isinstance(d, tirx.IntImm) for d in buf.shape):
             elems = math.prod(int(d) for d in buf.shape)
             found[0] += elems * tvm.DataType(str(buf.dtype)).bits // 8
 
     structural_walk(func.body, (tirx.AllocBuffer, on_alloc))
     return found[0]
+
+
+def _lowered(mod: tvm.IRModule, target: tvm.target.Target, pipeline: str):
+    """``(kernels, device_mods, finalize_device)``: the device functions of ``mod`` built
+    through ``pipeline`` by name, and what code generation needs of them."""
+    # A function fresh from dlight has no symbol yet; without one TVM builds no entry for it.
+    mod = tvm.IRModule(
+        {
+            gv: f.with_attr("global_symbol", gv.name_hint)
+            if isinstance(f, tirx.PrimFunc) and "global_symbol" not in (f.attrs or {})
+            else f
+            for gv, f in mod.functions.items()
+        }
+    )
+    pipeline_pass, _, finalize_device = get_tir_pipeline(pipeline)
+    lowered = pipeline_pass(tirx.transform.BindTarget(target.with_host("llvm"))(mod))
+    _, device_mods = split_host_device_mods(lowered)
+    kernels: dict[str, tirx.PrimFunc] = {}
+    for device_mod in device_mods.values():
+        for gv, func in device_mod.functions.items():
+            kernels[str(func.attrs.get("global_symbol", gv.name_hint))] = func
+    return kernels, device_mods, finalize_device
 
 
 def kernel_uses(
@@ -93,25 +123,11 @@ def kernel_uses(
         When nvcc is missing, or ptxas refuses a kernel.
     """
     arch = _arch(target)
-    # A function fresh from dlight has no symbol yet; without one TVM builds no entry for it.
-    mod = tvm.IRModule(
-        {
-            gv: f.with_attr("global_symbol", gv.name_hint)
-            if isinstance(f, tirx.PrimFunc) and "global_symbol" not in (f.attrs or {})
-            else f
-            for gv, f in mod.functions.items()
-        }
-    )
     # The pipeline runs once: its device functions give threads and dynamic shared memory, and
     # their CUDA source (as tvm.tirx.build generates it) ptxas's registers.
-    pipeline_pass, _, finalize_device = get_tir_pipeline(pipeline)
-    lowered = pipeline_pass(tirx.transform.BindTarget(target.with_host("llvm"))(mod))
-    _, device_mods = split_host_device_mods(lowered)
-    kernels: dict[str, tirx.PrimFunc] = {}
+    kernels, device_mods, finalize_device = _lowered(mod, target, pipeline)
     report: dict[str, ptxas.KernelResources] = {}
     for device_target, device_mod in device_mods.items():
-        for gv, func in device_mod.functions.items():
-            kernels[str(func.attrs.get("global_symbol", gv.name_hint))] = func
         source = codegen_source(finalize_device()(device_mod), device_target)
         report.update(ptxas.resources(source, arch))
     uses = {}
@@ -126,14 +142,45 @@ def kernel_uses(
     return uses
 
 
+def declared_uses(
+    mod: tvm.IRModule, target: tvm.target.Target, registers: int, pipeline: str = "tvm_streamk"
+) -> dict[str, KernelUse]:
+    """Per kernel of ``mod``, what it asks of an SM with ``registers`` per thread: no nvcc.
+
+    Threads and shared memory (static and dynamic) come from the lowered device functions;
+    the registers are what the caller holds the kernel to, as a persistent kernel does by
+    declaring its occupancy (:mod:`tvm_streamk.transform.declare_occupancy`).
+    """
+    _arch(target)
+    kernels, _, _ = _lowered(mod, target, pipeline)
+    return {
+        name: KernelUse(
+            threads=_threads(func),
+            registers=registers,
+            shared=_static_shared(func) + _dynamic_shared(func),
+            spills=0,
+        )
+        for name, func in kernels.items()
+    }
+
+
 def resident_blocks(
-    mod: tvm.IRModule, target: tvm.target.Target, pipeline: str = "default"
+    mod: tvm.IRModule,
+    target: tvm.target.Target,
+    pipeline: str = "default",
+    registers: int | None = None,
 ) -> tuple[str, occupancy.Occupancy]:
     """The kernel of ``mod`` with the fewest resident blocks per SM (the persistent one, in a
     Stream-K build; a prologue kernel holds more) and its :class:`~tvm_streamk.occupancy.Occupancy`.
+
+    With ``registers`` the kernels are held to that many registers per thread
+    (:func:`declared_uses`, no nvcc); else ptxas counts them (:func:`kernel_uses`).
     """
     arch = _arch(target)
-    uses = kernel_uses(mod, target, pipeline)
+    if registers is None:
+        uses = kernel_uses(mod, target, pipeline)
+    else:
+        uses = declared_uses(mod, target, registers, pipeline)
     occupancies = {name: use.occupancy(arch) for name, use in uses.items()}
     name = min(occupancies, key=lambda n: (occupancies[n].blocks, n))
     return name, occupancies[name]

@@ -183,21 +183,35 @@ def _record(on: Schedule, block_rv, site: StreamKSite, fuse: list, decision) -> 
         on.annotate(block_rv, key, value)
 
 
+# Registers per thread the Stream-K kernel may use beyond the data-parallel kernel's: its
+# segment walk and fix-up keep a few more values live (dlight's fp32 kernel on sm_80: 72
+# registers data-parallel, 80 Stream-K). Its grid is sized for them, and the kernel declares
+# that grid's blocks per SM, so ptxas has this much room before it would spill.
+REGISTER_HEADROOM = 16
+
+
 def _decide_for_occupancy(sch: Schedule, block_rv, fuse, site, request, target):
     """``(decision, plan)`` for the resident blocks per SM of the kernel being built.
 
-    The data-parallel kernel as scheduled is built and read by ptxas first; the decision made
-    for its occupancy is then built as the Stream-K kernel on a copy of the schedule, and when
-    that kernel holds a different number of blocks per SM the decision is made again for it,
-    as CUTLASS sizes its persistent grid by the occupancy of the kernel it launches. Without a
-    CUDA target, an arch with known limits or nvcc: one block per SM, and the plan says why.
+    The data-parallel kernel as scheduled is built and read by ptxas first (once per CUDA
+    source: :func:`tvm_streamk.ptxas.resources` keeps what it read); the decision made for its
+    occupancy is then lowered as the Stream-K kernel on a copy of the schedule, and when its
+    threads and shared memory, at the data-parallel kernel's registers and
+    :data:`REGISTER_HEADROOM`, hold a different number
+    of blocks per SM the decision is made again for them, as CUTLASS sizes its persistent grid
+    by the occupancy of the kernel it launches. The Stream-K kernel declares that count
+    (``__launch_bounds__``), so ptxas keeps its registers within it. Without a CUDA target, an
+    arch with known limits or nvcc: one block per SM, and the plan says why.
     """
     why = _no_occupancy(target)
     if why is not None:
         decision, chosen = decide(site, request, target, 1)
         return decision, chosen.with_reason(f"{chosen.reason}; 1 block/SM ({why})")
     try:
-        _, dp = resources.resident_blocks(record.without_decisions(sch.mod), target, "tvm_streamk")
+        arch = target_arch(target)
+        uses = resources.kernel_uses(record.without_decisions(sch.mod), target, "tvm_streamk")
+        name = min(uses, key=lambda n: (uses[n].occupancy(arch).blocks, n))
+        dp, dp_registers = uses[name].occupancy(arch), uses[name].registers
         if dp.blocks < 1:
             raise StreamKError(
                 "occupancy",
@@ -208,7 +222,12 @@ def _decide_for_occupancy(sch: Schedule, block_rv, fuse, site, request, target):
         decision, chosen = decide(site, request, target, dp.blocks, **occupancy_of_dp)
         trial = sch.copy()
         _record(trial, block_rv, site, fuse, decision)
-        _, built = resources.resident_blocks(trial.mod, target, "tvm_streamk")
+        # The persistent kernel declares its blocks per SM (__launch_bounds__), so ptxas holds
+        # it to registers that fit them; its threads and shared memory come from its IR and its
+        # registers are the data-parallel kernel's and the headroom. No second nvcc run.
+        _, built = resources.resident_blocks(
+            trial.mod, target, "tvm_streamk", registers=dp_registers + REGISTER_HEADROOM
+        )
     except StreamKError:
         raise
     except Exception as err:  # noqa: BLE001 - TVM and nvcc fail with assorted exception types

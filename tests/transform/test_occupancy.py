@@ -96,3 +96,53 @@ def test_explain_reports_the_built_kernels_occupancy():
     kernel, dp = report.occupancy["kernel"], report.occupancy["data_parallel"]
     assert kernel.blocks == plan.blocks_per_sm and report.baseline.blocks_per_sm == dp.blocks
     assert f"occupancy built kernel {kernel.blocks} block(s)/SM resident" in str(report)
+
+
+def _cuda_source(mod, target) -> str:
+    lib = tvm.compile(mod, target=target, tir_pipeline="tvm_streamk")
+    return lib.mod.imports[0].inspect_source()
+
+
+def test_the_persistent_kernel_declares_its_blocks_per_sm():
+    # Sized without compiling the Stream-K kernel, the grid holds only if every SM takes
+    # blocks_per_sm of its blocks: the kernel says so, and ptxas keeps its registers within.
+    sch = workloads.reference_schedule(workloads.gemm(448, 1216, 4096))
+    plan = sch.stream_k("C_update", num_sms=132, blocks_per_sm=3, policy="stream_k", target=H100)
+    assert plan.blocks_per_sm == 3
+    heads = [
+        line
+        for line in _cuda_source(sch.mod, H100).splitlines()
+        if "{" in line and "__global__" in line
+    ]
+    assert [h for h in heads if "__launch_bounds__(64, 3)" in h], heads
+    # The data-parallel kernel of the same schedule declares nothing beyond its threads.
+    dp = workloads.reference_schedule(workloads.gemm(448, 1216, 4096))
+    assert "__launch_bounds__(64, " not in _cuda_source(dp.mod, H100)
+
+
+@needs_nvcc
+def test_deciding_compiles_the_data_parallel_kernel_once(monkeypatch):
+    calls = []
+    run = ptxas.subprocess.run
+    monkeypatch.setattr(ptxas.subprocess, "run", lambda *a, **k: calls.append(a) or run(*a, **k))
+    ptxas.clear_cache()
+    sch = workloads.reference_schedule(workloads.gemm(4256, 256, 4096), bm=64, bn=64, bk=16)
+    plan = sch.stream_k("C_update", target=A100, fixup="workspace")
+    assert "resident block(s)/SM of the built kernel" in plan.reason
+    # One nvcc run for the data-parallel kernel; the Stream-K kernel's occupancy is declared.
+    assert len(calls) == 1
+    again = workloads.reference_schedule(workloads.gemm(4256, 256, 4096), bm=64, bn=64, bk=16)
+    assert again.stream_k("C_update", target=A100, fixup="workspace") == plan
+    assert len(calls) == 1, "the same source is read from the cache"
+
+
+@pytest.mark.ptxas
+@needs_nvcc
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+def test_ptxas_meets_the_declared_occupancy_without_spills(fixup):
+    sch = workloads.reference_schedule(workloads.gemm(4256, 256, 4096), bm=64, bn=64, bk=16)
+    plan = sch.stream_k("C_update", target=A100, fixup=fixup)
+    uses = resources.kernel_uses(sch.mod, A100, "tvm_streamk")
+    persistent = min(uses.values(), key=lambda u: u.occupancy("sm_80").blocks)
+    assert persistent.occupancy("sm_80").blocks >= plan.blocks_per_sm > 1
+    assert persistent.spills == 0
