@@ -96,12 +96,21 @@ class AtomicFixup(fixup.Fixup):
         self.names = {wb.block.name_hint for wb in site.writebacks}
 
     def merge_writeback(self, block: SBlock, seg: Segment) -> SBlock:
-        """``out[i] = acc[i]`` becomes ``store if the segment is full else atomic add``."""
+        """``out[i] = acc[i]`` becomes ``store if the segment is full else atomic add``; a plan
+        that splits no tile keeps the plain store."""
+        if self.grid is None and not self.plan.split_tiles:
+            return block
         store: tirx.BufferStore = block.body
         dtype = str(store.buffer.dtype)
         address = tirx.address_of(tirx.BufferLoad(store.buffer, store.indices))
-        merge = tirx.Evaluate(self.memory.atomic_add(dtype, address, store.value))
-        return replace_block(block, body=tirx.IfThenElse(seg.full, store, merge))
+
+        def merge(value):
+            return tirx.Evaluate(self.memory.atomic_add(dtype, address, value))
+
+        merged, regions = self.partial_merge(block, store.value, seg, merge)
+        return replace_block(
+            block, body=tirx.IfThenElse(seg.full, store, merged), reads=[*block.reads, *regions]
+        )
 
     def prologue(self) -> tirx.Stmt | None:
         """A kernel zeroing every split tile before the atomic adds land on it.

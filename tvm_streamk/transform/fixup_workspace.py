@@ -198,7 +198,8 @@ class WorkspaceFixup(fixup.Fixup):
         record = () if self.record is None else (self.record,)
         handed = () if self.record is None else (self.shared_peers, self.peers)
         return (
-            self.workspace, self.arrivals, *record, self.verdict, *handed, self.is_last, self.sum
+            self.workspace, self.arrivals, *record, self.verdict, *handed, self.is_last, self.sum,
+            *super().buffers,
         )  # fmt: skip
 
     def _linear(self, loops) -> tirx.Expr:
@@ -239,11 +240,18 @@ class WorkspaceFixup(fixup.Fixup):
         if not self.active:
             return block
         slot = self._slot(seg.block, seg.index == 0)
-        value = self.memory.store_partial(self.acc_load, self.dtype)
-        partial = tirx.BufferStore(self.workspace, value, [slot, self._linear(self.loops)])
+        element = [slot, self._linear(self.loops)]
+
+        def store(acc):
+            return tirx.BufferStore(
+                self.workspace, self.memory.store_partial(acc, self.dtype), element
+            )
+
+        partial, regions = self.partial_merge(block, self.acc_load, seg, store)
         return replace_block(
             block,
             body=tirx.IfThenElse(seg.full, block.body, partial),
+            reads=[*block.reads, *regions],
             writes=[*block.writes, whole(self.workspace)],
         )
 

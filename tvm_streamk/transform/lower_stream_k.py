@@ -286,7 +286,8 @@ def _ranged(tile_body, site: StreamKSite, seg: Segment, fixup, strip, extent) ->
         body = structural_map(loop.body, (tirx.Var, lambda v: k + start if v.same_as(old) else v))
         return tirx.For(k, int_imm(0, k_dtype), size, loop.kind, body, None, loop.annotations)
 
-    return structural_map(tile_body, [(SBlock, retarget), (tirx.For, ranged_panel)])
+    ranged = structural_map(tile_body, [(SBlock, retarget), (tirx.For, ranged_panel)])
+    return fixup.with_staged_copies(ranged, seg)
 
 
 def _aligned_nest(site, plan, fixup, strip, tile_body) -> tirx.Stmt:
