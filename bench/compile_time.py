@@ -14,6 +14,7 @@ Run ``python bench/compile_time.py`` (``--models squeezenet`` for one).
 from __future__ import annotations
 
 import argparse
+import importlib
 import time
 
 import tvm
@@ -61,6 +62,9 @@ MODELS = {
 
 def measure(name: str) -> tuple[float, float]:
     """Seconds to compile model ``name`` stock and with Stream-K decisions."""
+    # TVM parses its tensor intrinsics on first use, once per process (seconds to a minute,
+    # through inspect.stack); whichever compile came first would pay it.
+    importlib.import_module("tvm.s_tir.tensor_intrin")
     target = tvm.target.Target(TARGET)
     t0 = time.perf_counter()
     tvm.compile(MODELS[name](), target)

@@ -11,6 +11,7 @@ from ._compat import Schedule, target_arch
 from .analysis import StreamKSite, analyze_block, sblock_rv
 from .decision import Request, decide, record, validate
 from .errors import StreamKError
+from .transform import declare_occupancy
 
 
 def _resolve_target(target) -> tvm.target.Target | None:
@@ -195,12 +196,12 @@ def _decide_for_occupancy(sch: Schedule, block_rv, fuse, site, request, target):
 
     The data-parallel kernel as scheduled is built and read by ptxas first (once per CUDA
     source: :func:`tvm_streamk.ptxas.resources` keeps what it read); the decision made for its
-    occupancy is then lowered as the Stream-K kernel on a copy of the schedule, and when its
-    threads and shared memory, at the data-parallel kernel's registers and
-    :data:`REGISTER_HEADROOM`, hold a different number
-    of blocks per SM the decision is made again for them, as CUTLASS sizes its persistent grid
-    by the occupancy of the kernel it launches. The Stream-K kernel declares that count
-    (``__launch_bounds__``), so ptxas keeps its registers within it. Without a CUDA target, an
+    occupancy is then lowered as the Stream-K kernel on a copy of the schedule
+    (:func:`_stream_k_occupancy`: nvcc runs again only where the Stream-K kernel's registers
+    decide its occupancy), and when it holds a different number of blocks per SM the decision
+    is made again for it, as CUTLASS sizes its persistent grid by the occupancy of the kernel
+    it launches. The Stream-K kernel declares that count (``__launch_bounds__``), so ptxas
+    keeps its registers within it. Without a CUDA target, an
     arch with known limits or nvcc: one block per SM, and the plan says why.
     """
     why = _no_occupancy(target)
@@ -222,12 +223,7 @@ def _decide_for_occupancy(sch: Schedule, block_rv, fuse, site, request, target):
         decision, chosen = decide(site, request, target, dp.blocks, **occupancy_of_dp)
         trial = sch.copy()
         _record(trial, block_rv, site, fuse, decision)
-        # The persistent kernel declares its blocks per SM (__launch_bounds__), so ptxas holds
-        # it to registers that fit them; its threads and shared memory come from its IR and its
-        # registers are the data-parallel kernel's and the headroom. No second nvcc run.
-        _, built = resources.resident_blocks(
-            trial.mod, target, "tvm_streamk", registers=dp_registers + REGISTER_HEADROOM
-        )
+        built = _stream_k_occupancy(trial.mod, target, dp_registers)
     except StreamKError:
         raise
     except Exception as err:  # noqa: BLE001 - TVM and nvcc fail with assorted exception types
@@ -244,6 +240,25 @@ def _decide_for_occupancy(sch: Schedule, block_rv, fuse, site, request, target):
         f"kernel {dp.blocks})"
     )
     return decision, chosen.with_reason(f"{chosen.reason}; {note}")
+
+
+def _stream_k_occupancy(mod, target, dp_registers: int):
+    """The resident blocks per SM of the Stream-K kernel of ``mod``, which will declare them.
+
+    Its threads and shared memory come from its IR. Where the data-parallel kernel's registers
+    and :data:`REGISTER_HEADROOM` hold as many blocks as the data-parallel registers alone, the
+    headroom costs nothing: that count is declared and ptxas has room to stay free of spills,
+    with no nvcc run. Otherwise ptxas counts the kernel's registers undeclared, as it would
+    take them, and the count they allow is the one declared.
+    """
+    _, roomy = resources.resident_blocks(
+        mod, target, "tvm_streamk", registers=dp_registers + REGISTER_HEADROOM
+    )
+    _, tight = resources.resident_blocks(mod, target, "tvm_streamk", registers=dp_registers)
+    if roomy.blocks == tight.blocks:
+        return roomy
+    with declare_occupancy.suspended():
+        return resources.resident_blocks(mod, target, "tvm_streamk")[1]
 
 
 def _no_occupancy(target: tvm.target.Target | None) -> str | None:

@@ -147,7 +147,7 @@ def cubin(source: str, arch: str) -> tuple[bytes, dict]:
         return out.read_bytes(), kernel_resources(source, report, arch)
 
 
-_LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\((\d+)\)\s+(\w+)\(")
+_LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\((\d+)(?:,\s*\d+)?\)\s+(\w+)\(")
 
 
 def kernel_resources(source: str, report: dict, arch: str) -> dict:

@@ -26,7 +26,9 @@ TAGS = ("nvidia/nvidia-h100", "nvidia/nvidia-a100")
 # 4 x 3 tiles of 64 x 64 and 32 K-panels of 16: 384 iterations over the tag's SM count, so every
 # tile is split and the zero prologue has work.
 M, N, K = 256, 192, 512
-KERNEL = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\((\d+)\)\s+)?(\w+)\(([^)]*)\)\s*\{")
+KERNEL = re.compile(
+    r"__global__\s+void\s+(?:__launch_bounds__\((\d+)(?:,\s*\d+)?\)\s+)?(\w+)\(([^)]*)\)\s*\{"
+)
 PTX_ATOMIC = re.compile(r"\b(?:atom|red)\.[\w.]+")
 
 

@@ -121,7 +121,7 @@ def test_the_persistent_kernel_declares_its_blocks_per_sm():
 
 
 @needs_nvcc
-def test_deciding_compiles_the_data_parallel_kernel_once(monkeypatch):
+def test_deciding_compiles_each_kernel_once(monkeypatch):
     calls = []
     run = ptxas.subprocess.run
     monkeypatch.setattr(ptxas.subprocess, "run", lambda *a, **k: calls.append(a) or run(*a, **k))
@@ -129,11 +129,27 @@ def test_deciding_compiles_the_data_parallel_kernel_once(monkeypatch):
     sch = workloads.reference_schedule(workloads.gemm(4256, 256, 4096), bm=64, bn=64, bk=16)
     plan = sch.stream_k("C_update", target=A100, fixup="workspace")
     assert "resident block(s)/SM of the built kernel" in plan.reason
-    # One nvcc run for the data-parallel kernel; the Stream-K kernel's occupancy is declared.
-    assert len(calls) == 1
+    # The data-parallel kernel, and the Stream-K kernel because 16 more registers would cost
+    # it a block per SM (64 registers x 256 threads: 4 blocks, 80: 3).
+    assert len(calls) == 2
     again = workloads.reference_schedule(workloads.gemm(4256, 256, 4096), bm=64, bn=64, bk=16)
     assert again.stream_k("C_update", target=A100, fixup="workspace") == plan
-    assert len(calls) == 1, "the same source is read from the cache"
+    assert len(calls) == 2, "the same sources are read from the cache"
+
+
+def test_the_register_headroom_is_declared_where_it_costs_no_block(monkeypatch):
+    from tvm_streamk import schedule
+
+    seen = []
+
+    def resident(mod, target, pipeline="default", registers=None):
+        seen.append(registers)
+        # Shared memory limits this kernel to 2 blocks whatever its registers.
+        return "main_kernel", occupancy.resident_blocks("sm_80", 128, 64, 80 * 1024)
+
+    monkeypatch.setattr(resources, "resident_blocks", resident)
+    built = schedule._stream_k_occupancy(None, A100, 64)
+    assert built.blocks == 2 and seen == [64 + schedule.REGISTER_HEADROOM, 64]
 
 
 @pytest.mark.ptxas

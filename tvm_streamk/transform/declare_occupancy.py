@@ -16,22 +16,36 @@ drops it elsewhere.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import tvm
 from tvm import tirx
 
 from .._compat import structural_map, structural_walk
 
-__all__ = ["DeclareOccupancy", "mark"]
+__all__ = ["DeclareOccupancy", "mark", "suspended"]
 
 MARK = "tvm_streamk.min_blocks_per_sm"
 LAUNCH_BOUNDS = "tirx.launch_bounds_min_blocks_per_sm"
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def suspended():
+    """Builds inside the ``with`` block declare nothing: for reading the registers a kernel
+    takes when free to (the decision's exact path, ``schedule.py``)."""
+    before = getattr(_state, "suspended", False)
+    _state.suspended = True
+    try:
+        yield
+    finally:
+        _state.suspended = before
 
 
 def mark(body: tirx.Stmt, blocks_per_sm: int) -> tirx.Stmt:
     """``body`` (a persistent block's work) marked with the resident blocks it was sized for."""
-    return tirx.AttrStmt(
-        tirx.IntImm("int32", 0), MARK, tirx.IntImm("int32", int(blocks_per_sm)), body
-    )
+    return tirx.AttrStmt(0, MARK, tirx.IntImm("int32", int(blocks_per_sm)), body)
 
 
 def _declare(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
@@ -46,7 +60,7 @@ def _declare(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
         structural_map(func.body, (tirx.AttrStmt, lambda a: a.body if a.attr_key == MARK else a))
     )
     target = func.attrs.get("target") if func.attrs is not None else None
-    if target is None or target.kind.name != "cuda":
+    if target is None or target.kind.name != "cuda" or getattr(_state, "suspended", False):
         return func
     # Two persistent loops in one kernel (never built today) would share its launch bounds.
     return func.with_attr(LAUNCH_BOUNDS, min(found))
