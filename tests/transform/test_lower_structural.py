@@ -23,7 +23,7 @@ def expected_stream_k(A: T.Buffer((64, 24), "float32"), B: T.Buffer((24, 48), "f
     B_shared = T.sblock_alloc_buffer((24, 48), scope="shared")
     for sk_zero_block in T.thread_binding(4, thread="blockIdx.x"):
         sk_lo: T.let[T.int32] = sk_zero_block * 18 // 4
-        sk_hi: T.let[T.int32] = (sk_zero_block + 1) * 18 // 4
+        sk_hi: T.let[T.int32] = (sk_zero_block * 18 + 18) // 4
         if sk_lo < sk_hi and sk_lo % 3 != 0:
             sk_zero_tile: T.let[T.int32] = sk_lo // 3
             i_0: T.let[T.int32] = sk_zero_tile // 3
@@ -40,7 +40,7 @@ def expected_stream_k(A: T.Buffer((64, 24), "float32"), B: T.Buffer((24, 48), "f
     for sk_block in T.thread_binding(4, thread="blockIdx.x"):
         T.attr(0, "tvm_streamk.min_blocks_per_sm", 1)
         sk_lo: T.let[T.int32] = sk_block * 18 // 4
-        sk_hi: T.let[T.int32] = (sk_block + 1) * 18 // 4
+        sk_hi: T.let[T.int32] = (sk_block * 18 + 18) // 4
         for sk_segment in range((sk_hi + 2) // 3 - sk_lo // 3):
             sk_tile: T.let[T.int32] = sk_lo // 3 + sk_segment
             sk_k_begin: T.let[T.int32] = T.max(sk_lo - sk_tile * 3, 0)
