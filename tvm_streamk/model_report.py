@@ -118,7 +118,7 @@ class ModelReport:
             + ("no constant FLOPs" if share is None else f"{100 * share:.1f}% of it decided")
             + f" (target {self.target})"
         )
-        rows = [("kernel", "calls", "MFLOP", "share", "rule", "decision", "gain")]
+        rows = [("kernel", "calls", "MFLOP", "share", "rule", "decision", "predicted gain")]
         notes = []
         for k in sorted(self.kernels, key=lambda k: -(k.flops or 0)):
             decision = "-"

@@ -23,7 +23,7 @@ from ._compat import (
     target_arch,
 )
 
-__all__ = ["KernelUse", "declared_uses", "kernel_uses", "resident_blocks"]
+__all__ = ["KernelUse", "ir_uses", "kernel_uses", "resident_blocks"]
 
 
 @dataclass(frozen=True)
@@ -142,14 +142,13 @@ def kernel_uses(
     return uses
 
 
-def declared_uses(
+def ir_uses(
     mod: tvm.IRModule, target: tvm.target.Target, registers: int, pipeline: str = "tvm_streamk"
 ) -> dict[str, KernelUse]:
     """Per kernel of ``mod``, what it asks of an SM with ``registers`` per thread: no nvcc.
 
     Threads and shared memory (static and dynamic) come from the lowered device functions;
-    the registers are what the caller holds the kernel to, as a persistent kernel does by
-    declaring its occupancy (:mod:`tvm_streamk.transform.declare_occupancy`).
+    the registers are the caller's bound on what the kernel takes.
     """
     _arch(target)
     kernels, _, _ = _lowered(mod, target, pipeline)
@@ -174,13 +173,13 @@ def resident_blocks(
     Stream-K build; a prologue kernel holds more) and its :class:`~tvm_streamk.occupancy.Occupancy`.
 
     With ``registers`` the kernels are held to that many registers per thread
-    (:func:`declared_uses`, no nvcc); else ptxas counts them (:func:`kernel_uses`).
+    (:func:`ir_uses`, no nvcc); else ptxas counts them (:func:`kernel_uses`).
     """
     arch = _arch(target)
     if registers is None:
         uses = kernel_uses(mod, target, pipeline)
     else:
-        uses = declared_uses(mod, target, registers, pipeline)
+        uses = ir_uses(mod, target, registers, pipeline)
     occupancies = {name: use.occupancy(arch) for name, use in uses.items()}
     name = min(occupancies, key=lambda n: (occupancies[n].blocks, n))
     return name, occupancies[name]

@@ -11,7 +11,6 @@ from ._compat import Schedule, target_arch
 from .analysis import StreamKSite, analyze_block, sblock_rv
 from .decision import Request, decide, record, validate
 from .errors import StreamKError
-from .transform import declare_occupancy
 
 
 def _resolve_target(target) -> tvm.target.Target | None:
@@ -186,8 +185,7 @@ def _record(on: Schedule, block_rv, site: StreamKSite, fuse: list, decision) -> 
 
 # Registers per thread the Stream-K kernel may use beyond the data-parallel kernel's: its
 # segment walk and fix-up keep a few more values live (dlight's fp32 kernel on sm_80: 72
-# registers data-parallel, 80 Stream-K). Its grid is sized for them, and the kernel declares
-# that grid's blocks per SM, so ptxas has this much room before it would spill.
+# registers data-parallel, 80 Stream-K); the ptxas suite holds every kernel it builds to it.
 REGISTER_HEADROOM = 16
 
 
@@ -200,9 +198,8 @@ def _decide_for_occupancy(sch: Schedule, block_rv, fuse, site, request, target):
     (:func:`_stream_k_occupancy`: nvcc runs again only where the Stream-K kernel's registers
     decide its occupancy), and when it holds a different number of blocks per SM the decision
     is made again for it, as CUTLASS sizes its persistent grid by the occupancy of the kernel
-    it launches. The Stream-K kernel declares that count (``__launch_bounds__``), so ptxas
-    keeps its registers within it. Without a CUDA target, an
-    arch with known limits or nvcc: one block per SM, and the plan says why.
+    it launches. Without a CUDA target, an arch with known limits or nvcc: one block per SM,
+    and the plan says why.
     """
     why = _no_occupancy(target)
     if why is not None:
@@ -243,13 +240,12 @@ def _decide_for_occupancy(sch: Schedule, block_rv, fuse, site, request, target):
 
 
 def _stream_k_occupancy(mod, target, dp_registers: int):
-    """The resident blocks per SM of the Stream-K kernel of ``mod``, which will declare them.
+    """The resident blocks per SM of the Stream-K kernel of ``mod``.
 
     Its threads and shared memory come from its IR. Where the data-parallel kernel's registers
-    and :data:`REGISTER_HEADROOM` hold as many blocks as the data-parallel registers alone, the
-    headroom costs nothing: that count is declared and ptxas has room to stay free of spills,
-    with no nvcc run. Otherwise ptxas counts the kernel's registers undeclared, as it would
-    take them, and the count they allow is the one declared.
+    and :data:`REGISTER_HEADROOM` hold as many blocks as the data-parallel registers alone, any
+    register count in between gives that count, and nvcc need not run. Otherwise ptxas counts
+    the kernel's registers.
     """
     _, roomy = resources.resident_blocks(
         mod, target, "tvm_streamk", registers=dp_registers + REGISTER_HEADROOM
@@ -257,8 +253,7 @@ def _stream_k_occupancy(mod, target, dp_registers: int):
     _, tight = resources.resident_blocks(mod, target, "tvm_streamk", registers=dp_registers)
     if roomy.blocks == tight.blocks:
         return roomy
-    with declare_occupancy.suspended():
-        return resources.resident_blocks(mod, target, "tvm_streamk")[1]
+    return resources.resident_blocks(mod, target, "tvm_streamk")[1]
 
 
 def _no_occupancy(target: tvm.target.Target | None) -> str | None:

@@ -83,8 +83,8 @@ def test_toy_policy_lowers_and_runs(toy_policy, fixup):
     Trace.apply_json_to_schedule(tvm.ir.load_json(tvm.ir.save_json(sch.trace.as_json())), replayed)
     tvm.ir.assert_structural_equal(replayed.mod, sch.mod)
     lowered = tvm_streamk.lower(sch, OPENCL)["main"].script()
-    # 6 tiles of 6 panels: block b starts at tile 2b, or 2(b - 3) + 1.
-    assert "T.Select(sk_block < 3, 2 * sk_block, 2 * (sk_block - 3) + 1) * 6" in lowered
+    # 6 tiles of 6 panels: block b starts at tile 2b, or 2(b - 3) + 1 = 2b - 5.
+    assert "T.Select(sk_block < 3, sk_block * 2, sk_block * 2 - 5) * 6" in lowered
     args = workloads.random_args(func)
     assert np.isnan(args[-1]).all()
     out = pocl.run(sch.mod, *args, pipeline="tvm_streamk")[-1]

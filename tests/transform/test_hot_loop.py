@@ -8,7 +8,7 @@ through ``vload2``/``vstore2`` in the K loop, where data-parallel has ``float2 a
 pip's PoCL ran every Stream-K and split-K kernel 1.7-2.2x slower per tile, even with nothing
 split (:meth:`tvm_streamk.transform.fixup.Fixup.partial_merge`).
 
-Three checks: the accumulator's declaration in the generated OpenCL and CUDA source is
+Three checks: the accumulator's declaration in the generated OpenCL source is
 data-parallel's, and the kernels compute the product (default suite); the times on pip's PoCL
 (``slow``); the K loop's instructions per FMA in the SASS nvcc compiles, within 15% of
 data-parallel's on sm_80 and sm_90 (``ptxas``).
@@ -87,13 +87,15 @@ def _accumulator(source: str, name: str) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("case, fixup", PARAMS)
-@pytest.mark.parametrize("language", ["opencl", "cuda"])
-def test_accumulator_keeps_data_parallel_vectors(case, fixup, language):
+def test_accumulator_keeps_data_parallel_vectors(case, fixup):
+    # OpenCL only: nvcc keeps a scalarised register array in registers, so CUDA merges read
+    # the accumulator directly (memory_model staged_partial_reads); a staged copy there cost
+    # up to 24 registers (ptxas suite). The SASS test below holds CUDA's K loop.
     sch, _ = _schedule()
     name = first_site(sch.mod["main"]).accumulator.name
 
     def source(sch, pipeline):
-        return _opencl(sch, pipeline) if language == "opencl" else _cuda(sch, A100, pipeline)
+        return _opencl(sch, pipeline)
 
     expected = _accumulator(source(sch, "default"), name)
     assert expected and expected[0][0] in ("float2", "float4"), expected

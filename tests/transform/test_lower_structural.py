@@ -38,7 +38,6 @@ def expected_stream_k(A: T.Buffer((64, 24), "float32"), B: T.Buffer((24, 48), "f
                             T.writes(C[v0, v1])
                             C[v0, v1] = T.float32(0.0)
     for sk_block in T.thread_binding(4, thread="blockIdx.x"):
-        T.attr(0, "tvm_streamk.min_blocks_per_sm", 1)
         sk_lo: T.let[T.int32] = sk_block * 18 // 4
         sk_hi: T.let[T.int32] = (sk_block * 18 + 18) // 4
         for sk_segment in range((sk_hi + 2) // 3 - sk_lo // 3):

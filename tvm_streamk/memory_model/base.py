@@ -29,11 +29,17 @@ class MemoryModel:
     truncating_divisions : bool
         Whether closed forms divided by a grid read at run time should truncate rather than
         floor (both agree on the non-negative values they divide; :mod:`.opencl` says why).
+    staged_partial_reads : bool
+        Whether a merge holding a call reads the accumulator through a staged copy
+        (:meth:`tvm_streamk.transform.fixup.Fixup.partial_merge`): where the compiler keeps a
+        scalarised register array in memory (PoCL), the copy keeps the K loop vectorised;
+        where it keeps it in registers anyway (nvcc), the copy only costs registers.
     """
 
     kind: ClassVar[str] = ""
     cumulative_fences: ClassVar[bool] = False
     truncating_divisions: ClassVar[bool] = False
+    staged_partial_reads: ClassVar[bool] = False
 
     def __init__(self, target: tvm.target.Target):
         self.target = target

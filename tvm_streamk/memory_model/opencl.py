@@ -35,6 +35,7 @@ CLK_GLOBAL_MEM_FENCE = 2
 class OpenCLMemoryModel(MemoryModel):
     kind = "opencl"
     truncating_divisions = True
+    staged_partial_reads = True
 
     def fence(self) -> tirx.Stmt:
         flag = tirx.IntImm("uint32", CLK_GLOBAL_MEM_FENCE)

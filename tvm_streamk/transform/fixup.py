@@ -124,10 +124,12 @@ class Fixup:
         """``(statement, regions)``: ``merge(value)``, the statement merging a partial segment
         ``seg`` in write-back ``block``, and the regions ``block`` then reads in addition.
         ``value`` is ``load``, an element of the register tile, or its staged copy
-        (:meth:`with_staged_copies`) where the merge holds a call and a vectorised loop
-        encloses ``block``."""
+        (:meth:`with_staged_copies`) where the merge holds a call, a vectorised loop encloses
+        ``block`` and the target's memory model asks for it (``staged_partial_reads``)."""
         stmt = merge(load)
         merged = loaded_buffer(load)
+        if not self.memory.staged_partial_reads:
+            return stmt, []
         if merged.scope() != "local" or not _holds_call(stmt):
             return stmt, []
         if not self._vectorised(block.name_hint):

@@ -32,7 +32,7 @@ from ..analysis import StreamKSite, analyze, blocks_under, first_site, ragged_vi
 from ..decision import DEVICE_SMS, Decision, check, record
 from ..errors import StreamKError
 from ..memory_model import for_target
-from . import declare_occupancy, device_sms, fixup_atomic, fixup_workspace, tile_space  # noqa: F401 - registers
+from . import device_sms, fixup_atomic, fixup_workspace, tile_space  # noqa: F401 - registers
 from ._ir import (
     TIR_OPS,
     Segment,
@@ -258,7 +258,6 @@ def _persistent_nest(site, plan, decision, fixup, strip, tile_body, device_grid=
     grid = int_imm(plan.grid, dtype) if device_grid is None else device_grid
     units = over_units(plan, seg.block, walk, device_grid, idle=site.ragged is not None)
     # Keep the schedule's own annotations of the tile band (unroll pragmas, for instance).
-    units = declare_occupancy.mark(units, decision.blocks_per_sm)
     return bound_loop(seg.block, grid, units, annotations=site.band[0].annotations)
 
 
