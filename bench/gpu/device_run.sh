@@ -14,6 +14,13 @@
 #   sanitize     memcheck, racecheck, synccheck, initcheck on the marked kernels, bounded
 #   env-after    the clocks again
 # The stage limits below sum to the worst case of the whole command (bench/README.md).
+#
+# ARCHIVE=PATH.tar.gz: keep a copy of the whole $OUT folder in that one archive, rewritten
+# after every stage and every ARCHIVE_EVERY seconds in between (a temporary file, then a
+# rename: never half written). The device tool brings back at most 8 files from its $OUT and
+# a run writes about 15, so there the call is
+#   ARCHIVE=$OUT/gpu-out.tar.gz OUT=/tmp/gpu-out bash bench/gpu/device_run.sh PACK.tar.gz
+# and a command killed at its limit still returns everything up to the last rewrite.
 set -u
 
 PACK_TGZ=${1:?usage: bash device_run.sh PACK.tar.gz}
@@ -31,6 +38,8 @@ SWEEP_S=${SWEEP_S:-$((SWEEP_BUDGET + 30))}
 SANITIZE_BUDGET=${SANITIZE_BUDGET:-60}
 SANITIZE_S=${SANITIZE_S:-$((SANITIZE_BUDGET + 10))}
 KILL_S=5
+ARCHIVE=${ARCHIVE:-}
+ARCHIVE_EVERY=${ARCHIVE_EVERY:-15}
 KERNEL_TIMEOUT=${KERNEL_TIMEOUT:-30}
 
 mkdir -p "$OUT" "$WORK"
@@ -45,7 +54,15 @@ stage() {
     timeout --kill-after="$KILL_S" "$limit" "$@" >"$OUT/$name.log" 2>&1
     local rc=$?
     say "stage $name exit $rc$([ $rc -eq 124 ] && echo ' (time limit)')"
+    archive
     return $rc
+}
+
+# The folder $OUT into $ARCHIVE, atomically; nothing without ARCHIVE.
+archive() {
+    [ -n "$ARCHIVE" ] || return 0
+    tar -czf "$ARCHIVE.part" -C "$(dirname "$OUT")" "$(basename "$OUT")" 2>/dev/null &&
+        mv -f "$ARCHIVE.part" "$ARCHIVE"
 }
 
 environment() {
@@ -62,6 +79,13 @@ environment() {
     "$PYTHON" "$PACK/run.py" env --out "$1"
 }
 
+if [ -n "$ARCHIVE" ]; then
+    mkdir -p "$(dirname "$ARCHIVE")"
+    # Between stages too: a stage killed at the command's limit keeps what it had flushed.
+    ( while sleep "$ARCHIVE_EVERY"; do archive; done ) &
+    ARCHIVER=$!
+    trap 'kill $ARCHIVER 2>/dev/null; archive' EXIT
+fi
 say "device_run.sh: pack $PACK_TGZ, out $OUT, work $WORK"
 stage unpack "$UNPACK_S" tar -xzf "$PACK_TGZ" -C "$WORK" || { say "cannot unpack"; exit 2; }
 PACK=$(dirname "$(find "$WORK" -maxdepth 2 -name manifest.json | head -1)")

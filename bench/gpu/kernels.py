@@ -194,6 +194,21 @@ def _fixup_of(sch: Schedule, block: str) -> str | None:
     return decisions.decode(annotations, block).fixup
 
 
+def _predicted_us(site, target, fixup: str, predicted_plan, dp_plan) -> dict:
+    """The microsecond model's times of the kernel and of its data-parallel baseline on
+    ``target`` (:func:`tvm_streamk.cost_model.cost_for`), or why it has none: what the GPU run
+    calibrates the model's constants against."""
+    why = cost_model.why_unpriced(site, target, fixup)
+    if why is not None:
+        return {"predicted_us": None, "predicted_dp_us": None, "unpriced": why}
+    cost = cost_model.cost_for(site, target, fixup)
+    return {
+        "predicted_us": cost_model.predicted_time(predicted_plan, cost=cost, fixup=fixup),
+        "predicted_dp_us": cost_model.predicted_time(dp_plan, cost=cost, fixup=fixup),
+        "unpriced": None,
+    }
+
+
 def _record(
     variant,
     mnk,
@@ -225,6 +240,7 @@ def _record(
         "data_parallel_plan": _plan_record(dp_plan),
         "predicted_units": cost_model.predicted_time(predicted_plan, fixup=fixup or "workspace"),
         "predicted_dp_units": cost_model.predicted_time(dp_plan),
+        **_predicted_us(site, target, fixup or "workspace", predicted_plan, dp_plan),
         "target": str(target.attrs.get("tag", "") or TARGET),
         "arch": str(target.attrs["arch"]),
         "entry": "main",

@@ -84,14 +84,14 @@ def _gone(pid: int, within: float = 10.0) -> bool:
     return False
 
 
-def _staged(pack: Path, tmp_path: Path) -> tuple[Path, subprocess.CompletedProcess]:
+def _staged(pack: Path, tmp_path: Path, **env) -> tuple[Path, subprocess.CompletedProcess]:
     """``device_run.sh`` on the pack's archive: the folder it wrote and how it ended."""
     out = tmp_path / "out"
     proc = subprocess.run(
         ["bash", str(DEVICE_RUN), f"{pack}.tar.gz"],
         capture_output=True,
         text=True,
-        env=_env(OUT=out, KERNEL_TIMEOUT=KERNEL_TIMEOUT, WORK=tmp_path / "work"),
+        env=_env(OUT=out, KERNEL_TIMEOUT=KERNEL_TIMEOUT, WORK=tmp_path / "work", **env),
         timeout=400,
         check=False,
     )
@@ -99,7 +99,9 @@ def _staged(pack: Path, tmp_path: Path) -> tuple[Path, subprocess.CompletedProce
 
 
 def test_staged_command_runs_every_stage(rehearsal_pack, tmp_path):
-    out, proc = _staged(rehearsal_pack, tmp_path)
+    # As the device tool runs it: the whole folder kept in one archive (8 files come back).
+    archive = tmp_path / "back" / "gpu-out.tar.gz"
+    out, proc = _staged(rehearsal_pack, tmp_path, ARCHIVE=archive)
     stages = (out / "stages.log").read_text()
     # The sweep holds a wrong kernel: the command says so, after running every stage.
     assert proc.returncode == 1, stages + proc.stderr
@@ -123,6 +125,13 @@ def test_staged_command_runs_every_stage(rehearsal_pack, tmp_path):
     assert all(r["status"] == "clean" and set(r["child"].values()) == {"ok"} for r in sanitizer)
     text = report.render(report.Run.from_folder(out))
     assert "| rehearsal | cpu | stream_k-workspace | 1 |" in text
+    # The archive holds the finished folder: unpacked, it reports the same. It is written to a
+    # temporary file and renamed, so nothing half-written is left beside it.
+    assert [p.name for p in archive.parent.iterdir()] == ["gpu-out.tar.gz"]
+    subprocess.run(["tar", "-xzf", str(archive), "-C", str(archive.parent)], check=True)
+    back = tmp_path / "back" / "out"
+    assert (back / "manifest.json").is_file() and (back / "env-after.json").is_file()
+    assert report.render(report.Run.from_folder(back)) == text
     assert "| 48x40x96-cpu-stream_k-hangs | timeout | float |" in text
 
 
