@@ -20,7 +20,7 @@ from tvm import tirx
 from . import cost_model, decomposition, fixup_registry, ptxas, resources
 from .analysis import analyze, blocks_under, writeback_tile_shape
 from .decision import record, resolve
-from .decomposition import Plan
+from .decomposition import Plan, chunks
 from .report import Explanation, PlanStats
 from .report import slots as _slots
 
@@ -185,7 +185,10 @@ def _stats(
         workspace, zeroed = need.workspace_bytes, need.zeroed_bytes
     predicted = predicted_us = None
     if slots is not None:
-        predicted = cost_model.predicted_time(p, fixup=fixup, saturation=saturation)
+        # In units: the default constants, merging chunks as the kernel's cost says.
+        merges = cost is not None and cost.chunk_merges
+        units = dataclasses.replace(cost_model.DEFAULT_COST, chunk_merges=merges)
+        predicted = cost_model.predicted_time(p, cost=units, fixup=fixup, saturation=saturation)
         if cost is not None and cost.price is not None:
             predicted_us = cost_model.predicted_time(
                 p, cost=cost, fixup=fixup, saturation=saturation
@@ -358,19 +361,14 @@ def _from_kernel(
             f"gpu={gpu!r} is not in tvm_streamk.cost_model.GPU_SPECS; pass one of "
             f"{sorted(cost_model.GPU_SPECS)}"
         )
+    invariant = None
+    if decision.chunk:
+        invariant = _invariance(site, decision, p, sizes, gpu if gpu is not None else target)
+    if decision.chunk and not site.fragment_accumulator:
+        # Priced as planned: per chunk, every chunk merged (tvm_streamk.decomposition.chunks).
+        site = site.chunked(decision.chunk)
     cost = cost_model.cost_for(site, gpu if gpu is not None else _as_target(target), decision.fixup)
-    try:
-        model = decomposition.plan(
-            p.tiles,
-            p.panels,
-            decision.num_sms,
-            decision.blocks_per_sm,
-            "heuristic",
-            cost=cost,
-            fixup=decision.fixup,
-        )
-    except ValueError:
-        model = None
+    model = _heuristic(p.tiles, p.panels, decision.num_sms, decision.blocks_per_sm, cost, decision)
     if model is not None and (model.policy, model.grid, model.splits, model.variant) == (
         p.policy,
         p.grid,
@@ -383,7 +381,7 @@ def _from_kernel(
     occupancy = None
     if target is not None:
         occupancy = _occupancy_of(tvm.IRModule({tvm.ir.GlobalVar(func_name): func}), target)
-    return _explanation(
+    result = _explanation(
         p,
         decision.fixup,
         tile_shape if tile_shape is not None else writeback_tile_shape(func, site),
@@ -394,6 +392,65 @@ def _from_kernel(
         occupancy=occupancy,
         cost=cost,
         unpriced=None if gpu is None else cost_model.why_unpriced(site, gpu, decision.fixup),
+    )
+    if invariant is None:
+        return result
+    if site.chunk and result.tile_shape is not None:
+        # Every chunk of every tile has a slot: the plan's own footprint does not show it.
+        need = fixup_registry.get(decision.fixup).chunk_footprint(
+            p.tiles, p.panels, math.prod(result.tile_shape), result.accumulator_bytes
+        )
+        stats = dataclasses.replace(
+            result.stats,
+            workspace_slots=p.tiles * p.panels if p.panels > 1 else 0,
+            workspace_bytes=need.workspace_bytes,
+            zeroed_bytes=need.zeroed_bytes,
+        )
+        baseline = dataclasses.replace(
+            result.baseline_stats,
+            workspace_slots=stats.workspace_slots,
+            workspace_bytes=need.workspace_bytes,
+            zeroed_bytes=need.zeroed_bytes,
+        )
+        result = dataclasses.replace(result, stats=stats, baseline_stats=baseline)
+    return dataclasses.replace(result, invariance=invariant)
+
+
+def _heuristic(tiles, panels, num_sms, blocks_per_sm, cost, decision) -> Plan | None:
+    """The cost model's choice for the work (None where it has none)."""
+    try:
+        return decomposition.plan(
+            tiles, panels, num_sms, blocks_per_sm, "heuristic", cost=cost, fixup=decision.fixup
+        )
+    except ValueError:
+        return None
+
+
+def _invariance(site, decision, p: Plan, sizes, target) -> str:
+    """The line ``explain`` gives a batch-invariant kernel: its chunk grid, its predicted time
+    and the time of what the heuristic picks for the same kernel without the mode (the cost
+    model's figures): the price of the mode."""
+    count = chunks.chunk_count(site.kernel_panels, decision.chunk)
+    text = (
+        f"batch-invariant: K in {count} chunk(s) of {decision.chunk} K-panels, each summed from "
+        "zero; every tile's chunks merged in chunk order through the workspace"
+    )
+    if p.num_sms is None or site.runtime_tiles and sizes is None:
+        return text
+    target = target if isinstance(target, str) else _as_target(target)
+    view = site.chunked(decision.chunk) if not site.fragment_accumulator else site
+    ours = cost_model.predicted_time(
+        p, cost=cost_model.cost_for(view, target, decision.fixup), fixup=decision.fixup
+    )
+    cost = cost_model.cost_for(site, target, decision.fixup)
+    tiles = site.tiles_at(sizes) if site.runtime_tiles else site.tiles
+    without = _heuristic(tiles, site.kernel_panels, p.num_sms, p.blocks_per_sm, cost, decision)
+    if without is None:
+        return text
+    theirs = cost_model.predicted_time(without, cost=cost, fixup=decision.fixup)
+    return (
+        f"{text}; predicted {ours:.3g} {cost.unit} against {theirs:.3g} for {without.label}, "
+        f"the heuristic's choice without the mode ({ours / theirs - 1:+.0%})"
     )
 
 

@@ -97,10 +97,11 @@ def by_code(code: int) -> type | None:
     return next((f for f in _FIXUPS.values() if f.code == code), None)
 
 
-def default(site, target, deterministic: bool = False) -> str:
+def default(site, target, deterministic: bool = False, batch_invariant: bool = False) -> str:
     """What ``fixup="auto"`` becomes for ``site`` on ``target`` (None: not known yet): the
     lowest-ranked registered fix-up whose ``auto_ok`` holds, deterministic ones only when
-    ``deterministic``.
+    ``deterministic``, ones that merge chunks in chunk order (``orders_chunks``) only when
+    ``batch_invariant``.
 
     Raises
     ------
@@ -108,14 +109,18 @@ def default(site, target, deterministic: bool = False) -> str:
         When no registered fix-up takes the site (each one's own refusal is then the reason).
     """
     ranked = sorted(_FIXUPS.values(), key=lambda f: (f.auto_rank, f.code))
+
+    def wanted(fixup) -> bool:
+        if batch_invariant and not fixup.orders_chunks:
+            return False
+        return not deterministic or fixup.deterministic
+
     for fixup in ranked:
-        if deterministic and not fixup.deterministic:
-            continue
-        if fixup.auto_ok(site, target):
+        if wanted(fixup) and fixup.auto_ok(site, target):
             return fixup.name
     # None applies: the best-ranked one's own check says why.
     for fixup in ranked:
-        if not deterministic or fixup.deterministic:
+        if wanted(fixup):
             fixup.check(site, target)
     raise StreamKError(
         COND_FIXUP,

@@ -37,6 +37,7 @@ def relax_pipeline(
     fixup="auto",
     splits=None,
     variant=None,
+    batch_invariant=False,
 ):
     """The Relax pipeline for ``target`` (a CUDA target or tag) with Stream-K matmuls.
 
@@ -46,6 +47,9 @@ def relax_pipeline(
         A CUDA target; its tag gives the SM count unless ``num_sms`` is passed.
     num_sms, blocks_per_sm, policy, fixup, splits, variant
         As for :func:`tvm_streamk.stream_k`.
+    batch_invariant : bool
+        Every Stream-K decision of every rule batch-invariant (docs/batch_invariance.md says
+        which kernels of one weight then give the same bits for a row, and which do not).
 
     Returns
     -------
@@ -61,7 +65,15 @@ def relax_pipeline(
             "Schedule other targets with dlight and tvm_streamk.stream_k directly."
         )
     cuda = importlib.import_module(CUDA_BACKEND)
-    rule = StreamKMatmul(num_sms, blocks_per_sm, policy, fixup, splits=splits, variant=variant)
+    rule = StreamKMatmul(
+        num_sms,
+        blocks_per_sm,
+        policy,
+        fixup,
+        splits=splits,
+        variant=variant,
+        batch_invariant=batch_invariant,
+    )
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_streamk.relax_pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:

@@ -103,6 +103,9 @@ class Explanation:
         decomposition is predicted below it.
     unpriced : str or None
         Why the kernel is not priced on the GPU asked for (predictions then in units), or None.
+    invariance : str or None
+        A batch-invariant kernel's chunk grid and what the mode costs, as predicted; None for
+        other kernels.
     """
 
     plan: Plan
@@ -119,6 +122,7 @@ class Explanation:
     gpu: str | None = None
     roofline_us: float | None = None
     unpriced: str | None = None
+    invariance: str | None = None
 
     @property
     def slots(self) -> int | None:
@@ -168,6 +172,7 @@ class Explanation:
             "predicted_speedup": self.speedup,
             "gpu": self.gpu,
             "unpriced": self.unpriced,
+            "batch_invariance": self.invariance,
             "predicted_us": {
                 "plan": self.stats.predicted_us,
                 "data_parallel": self.baseline_stats.predicted_us,
@@ -202,6 +207,13 @@ class Explanation:
                 break_on_hyphens=False,
             ),
             f"  fixup     {self.fixup}",
+            *textwrap.wrap(
+                self.invariance or "",
+                width=96,
+                initial_indent="  invariant ",
+                subsequent_indent="            ",
+                break_on_hyphens=False,
+            ),
             *_occupancy_lines(self.occupancy),
             *_gpu_lines(self.gpu, self.roofline_us, self.unpriced),
             "",

@@ -31,6 +31,7 @@ def stream_k(
     splits: int | None = None,
     variant: str | None = None,
     group: int | None = None,
+    batch_invariant: bool = False,
     target=None,
 ) -> decomposition.Plan:
     """Turn the tiled GPU reduction around ``block`` into a persistent Stream-K kernel.
@@ -89,6 +90,13 @@ def stream_k(
         ``"one_tile"`` or ``"two_tile"`` (the default) for ``policy="hybrid"``.
     group : int, optional
         Visit tiles in groups of ``group`` tile rows (swizzled order, for L2 locality).
+    batch_invariant : bool
+        Reduce every output element in one order fixed by K and the panel depth alone, so a
+        row has the same bits whatever M, the grid, the SM count or the policy: K is cut into
+        chunks (:mod:`tvm_streamk.decomposition.chunks`), each summed from zero, and the
+        workspace fix-up adds them in chunk order, in every decomposition, data-parallel
+        included. Needs the workspace fix-up (``"auto"`` takes it); the returned plan counts
+        chunks. docs/batch_invariance.md says what it costs and covers.
     target : Target or str, optional
         Used to look up ``num_sms`` and to check that atomics exist for the accumulator dtype.
 
@@ -138,6 +146,7 @@ def stream_k(
         splits=splits,
         variant=variant,
         group=group,
+        batch_invariant=batch_invariant,
     )
     validate(request)
     block_rv = sblock_rv(sch, block)

@@ -371,3 +371,18 @@ def test_dlight_vector_lanes():
     # output's own rounding.
     bound = (112 + 2) * 2.0**-11 * (np.abs(a) @ np.abs(b)) + 2.0**-11 * np.abs(a @ b)
     assert (np.abs(result.outputs[-1].astype(np.float64) - a @ b) <= bound).all()
+
+
+@pytest.mark.parametrize("decision", [{"policy": "data_parallel"}, {"policy": "stream_k"}])
+def test_batch_invariant_kernel(decision):
+    """A batch-invariant kernel (issue 32): every chunk of every tile through the workspace,
+    the last arriver summing the chunks in chunk order. 45 x 70 x 53: 6 tiles of 7 panels in
+    4 chunks (2, 2, 2, 1 panels) on 4 blocks; data-parallel merges chunks too."""
+    func = workloads.gemm(45, 70, 53)
+    sch = workloads.reference_schedule(func)
+    plan = tvm_streamk.stream_k(
+        sch, "C_update", num_sms=4, target=OPENCL, batch_invariant=True, **decision
+    )
+    assert plan.panels == 4
+    error, _ = _checked(sch.mod, func)
+    assert error <= FP32_TOL

@@ -114,6 +114,31 @@ def test_design_space_keeps_data_parallel_and_adds_stream_k_twins(h100_spaces):
         assert policies == {policy_code(p) for p in skms.StreamKKnobs().policies}
 
 
+def test_batch_invariant_space_holds_only_invariant_candidates():
+    """With ``StreamKKnobs(batch_invariant=True)`` every candidate carries a batch-invariant
+    decision (the plain tiling is not invariant, so it is replaced, not kept), data-parallel
+    among the sampled policies, the workspace fix-up only."""
+    context = ms.TuneContext(
+        mod=workloads.gemm(1024, 1024, 4096),
+        target=tvm.target.Target(H100),
+        space_generator=skms.space(num_sms=H100_SMS, knobs=skms.StreamKKnobs(batch_invariant=True)),
+        task_name="main",
+        rand_state=7,
+        num_threads=2,
+    )
+    spaces = context.generate_design_space()
+    assert spaces and all(skms.has_stream_k(s.mod) for s in spaces)
+    for sch in spaces:
+        block = _decision_block(sch.mod)
+        decision = ann.decode(block.annotations, block.name_hint)
+        assert decision.chunk > 0 and decision.fixup == "workspace"
+        samplers = _knob_samplers(sch.trace)
+        policies = {int(c) for c in samplers[ann.KEY_POLICY].attrs[0]}
+        assert policy_code("data_parallel") in policies
+        # The chunk is a fact of the tiling, never sampled.
+        assert ann.KEY_CHUNK not in samplers
+
+
 def test_design_space_twins_share_their_tiling(h100_spaces):
     def tiling(sch):
         return [

@@ -169,3 +169,31 @@ def test_a_small_tile_plan_past_int32_runs_correctly():
     out = pocl.run(sch.mod, *args, pipeline="tvm_streamk")[-1]
     # fp32 accumulation of 704 products of values in [-1, 1]: within 1e-5 of float64.
     assert workloads.relative_error(out, workloads.reference(func, args)) <= 1e-5
+
+
+def test_batch_invariant_chunk_slots_do_not_wrap():
+    """A batch-invariant kernel's workspace holds a slot per chunk of every tile: 32768^2
+    outputs in 32 x 32 tiles of 4 chunks are 2^32 partial elements, so the slot index and the
+    workspace's addressing are 64-bit, and the walk's tile and chunk evaluate to the plan's."""
+    sch = workloads.reference_schedule(workloads.gemm(32768, 32768, 4096))
+    plan = tvm_streamk.stream_k(
+        sch, "C_update", num_sms=132, policy="stream_k", target=H100, batch_invariant=True
+    )
+    assert plan.panels == 4 and plan.tiles * plan.panels * 32 * 32 > 2**31
+    kernel = _persistent_kernel(sch)
+    stores = []
+    tvm_ffi.structural_walk(
+        kernel.body,
+        (
+            tvm.tirx.BufferStore,
+            lambda s: stores.append(s) if s.buffer.name == "sk_workspace" else None,
+        ),
+    )
+    assert stores and all(str(i.ty.dtype) == "int64" for s in stores for i in s.indices)
+    evaluate = _Evaluator(kernel)
+    for b in (0, 1, plan.grid - 1):
+        lo, hi = plan.block_range(b, 0)
+        for s in (0, hi - lo - 1):
+            env = {"blockIdx_x": b, "sk_unit": 0, "sk_segment": s}
+            found = (evaluate("sk_tile", env), evaluate("sk_chunk", env))
+            assert found == divmod(lo + s, plan.panels), (b, s)

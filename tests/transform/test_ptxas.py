@@ -110,6 +110,17 @@ def test_resources_within_the_data_parallel_budget(source, arch, decision):
     _check(source, arch, decision)
 
 
+# Batch invariance (issue 32): every tile merges its chunks through the workspace.
+INVARIANT_DECISIONS = [{"policy": "data_parallel"}, {"policy": "stream_k"}, {"policy": "heuristic"}]
+
+
+@pytest.mark.parametrize("arch", list(SM_TARGETS))
+@pytest.mark.parametrize("decision", INVARIANT_DECISIONS, ids=_ids)
+@pytest.mark.parametrize("source", ["reference", "dlight", "dlight_wmma"])
+def test_batch_invariant_within_the_data_parallel_budget(source, decision, arch):
+    _check(source, arch, decision, batch_invariant=True)
+
+
 RUNTIME_SHAPES = [(448, 1216, 4096), (2048, 2048, 2048), (4256, 256, 4096)]
 
 

@@ -4,11 +4,12 @@ names of the conditions it checks (``StreamKError.condition``)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tvm import tirx
 
 from .._compat import SBlock, arith, dtype_of, structural_map, structural_walk
+from ..decomposition import chunks
 from ..errors import StreamKError
 
 # Scopes of registers and of tensor-core fragments an accumulator may live in.
@@ -57,6 +58,9 @@ class StreamKSite:
     ragged: object | None = None
     # The function the block was found in (for what only its whole body tells: the tile shape).
     func: tirx.PrimFunc | None = field(default=None, compare=False, repr=False)
+    # The decision's view of a batch-invariant kernel (:meth:`chunked`): its iterations are
+    # chunks of this many K-panels; 0 for the kernel's own panels.
+    chunk: int = 0
 
     @property
     def merged(self) -> tirx.Buffer:
@@ -148,7 +152,22 @@ class StreamKSite:
 
     @property
     def panels(self) -> int:
+        """The K iterations a decision plans over: the panel loop's extent, or under
+        :meth:`chunked` the chunks it is cut into."""
+        if self.chunk:
+            return chunks.chunk_count(self.kernel_panels, self.chunk)
+        return self.kernel_panels
+
+    @property
+    def kernel_panels(self) -> int:
+        """The panel loop's extent, whatever the view."""
         return int(self.panel_loop.extent)
+
+    def chunked(self, chunk: int) -> StreamKSite:
+        """The site as a batch-invariant decision plans it: ``panels`` counts chunks of
+        ``chunk`` K-panels (:mod:`tvm_streamk.decomposition.chunks`); 0 for the kernel's own
+        panels."""
+        return replace(self, chunk=chunk)
 
     @property
     def band_tags(self) -> tuple[str, ...]:

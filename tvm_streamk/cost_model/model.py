@@ -108,6 +108,10 @@ class CostParams:
     # its bytes and FLOPs, the other constants are microseconds, and predictions pay the
     # launches and never go below the roofline.
     price: object | None = None
+    # A batch-invariant kernel's plan (:mod:`tvm_streamk.decomposition.chunks`): an iteration
+    # is a chunk, and every chunk of every tile is its own segment whose partial is written
+    # (``c_fix``), the tile's last chunk reading all of them back, split or not.
+    chunk_merges: bool = False
 
     def __post_init__(self) -> None:
         for name in FEATURES:
@@ -159,7 +163,7 @@ def priced(price, min_gain: float | None = None) -> CostParams:
 # chain that produced it; its value is the dot product with the constants.
 _Time = tuple[float, float, float, float]
 _ZERO: _Time = (0.0, 0.0, 0.0, 0.0)
-_OWNER, _WRITER, _ATOMIC, _PLAIN = 0, 1, 2, 3
+_OWNER, _WRITER, _ATOMIC, _PLAIN, _CHUNK, _LAST_CHUNK = 0, 1, 2, 3, 4, 5
 
 
 def _add(t: _Time, d: _Time) -> _Time:
@@ -194,12 +198,20 @@ def check_fixup(fixup: str) -> None:
         )
 
 
-def _block_steps(p: Plan, fixup: str) -> list[list[tuple[int, int, int]]]:
-    """Per block, ``(role, tile, iterations)`` per segment: what each segment costs and does."""
+def _block_steps(
+    p: Plan, fixup: str, chunk_merges: bool = False
+) -> list[list[tuple[int, int, int]]]:
+    """Per block, ``(role, tile, iterations)`` per segment: what each segment costs and does.
+    With ``chunk_merges`` every iteration of a plan of several chunks is a segment of its own."""
     steps = []
     for segments in p.work:
         items = []
         for tile, k0, k1 in segments:
+            if chunk_merges and p.panels > 1:
+                items += [
+                    (_LAST_CHUNK if k == p.panels - 1 else _CHUNK, tile, 1) for k in range(k0, k1)
+                ]
+                continue
             if p.peers(tile) == 1:
                 role = _PLAIN
             elif fixup == "atomic":
@@ -251,7 +263,7 @@ def _simulate(p: Plan, slots: int, cost: CostParams, fixup: str, shares: list[fl
     in ``shares[b]`` units; return the makespan's features."""
     check_fixup(fixup)
     c = cost.vector()
-    steps = _block_steps(p, fixup)
+    steps = _block_steps(p, fixup, cost.chunk_merges)
     start = _ZERO
     if fixup == "atomic" and p.split_tiles:
         waves = float(-(-len(p.split_tiles) // slots))
@@ -267,8 +279,12 @@ def _simulate(p: Plan, slots: int, cost: CostParams, fixup: str, shares: list[fl
             t = _add(t, (0.0, 0.0, 0.0, 1.0))
             for role, tile, length in items:
                 t = _add(t, (float(length) * share, 1.0, 0.0, 0.0))
-                if role == _ATOMIC:
+                if role in (_ATOMIC, _CHUNK):
                     t = _add(t, (0.0, 0.0, 1.0, 0.0))
+                elif role == _LAST_CHUNK:
+                    # Its own partial written, then every chunk's read back (the last arriver
+                    # of the workspace fix-up; modelled as the tile's last chunk).
+                    t = _add(t, (0.0, 0.0, 1.0 + p.panels, 0.0))
                 elif role == _OWNER:
                     # Peers' partial ready times come from the previous pass: a peer block may be
                     # launched after its owner.
@@ -368,5 +384,6 @@ def predicted_time(
     value = _value(features, cost.vector())
     if cost.price is None:
         return value
-    launches = 1 + (1 if p.split_tiles else 0)
+    merges = p.split_tiles or (cost.chunk_merges and p.panels > 1)
+    launches = 1 + (1 if merges else 0)
     return max(value + launches * cost.price.launch_us, cost.price.floor_us(p.tiles))

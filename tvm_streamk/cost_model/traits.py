@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import tvm
 from tvm import tirx
@@ -126,11 +127,13 @@ def cost_for(site: StreamKSite, target, fixup: str, default=None):
     ``target`` is a ``tvm.target.Target``, a name of :data:`~.gpu_specs.GPU_SPECS` or None.
     """
     fallback = DEFAULT_COST if default is None else default
+    # A batch-invariant view (site.chunked) merges every chunk of every tile.
+    fallback = replace(fallback, chunk_merges=bool(site.chunk))
     spec = spec_for(target)
     if spec is None:
         return fallback
     try:
-        return priced(price(traits_of(site), spec, fixup))
+        return replace(priced(price(traits_of(site), spec, fixup)), chunk_merges=bool(site.chunk))
     except UnpricedError:
         return fallback
 

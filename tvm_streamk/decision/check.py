@@ -22,10 +22,12 @@ COND_DECOMPOSITION = "decomposition"
 def check(site, decision: Decision, target: tvm.target.Target | None = None):
     """The plan ``decision`` stands for on ``site``, once every precondition holds.
 
-    In order: the recorded numbers; one K-panel loop; the tile-row group against the band; a
-    grouped GEMM's and a run-time tile count's policies; a grid read at run time; the plan
-    itself (its policy's domain); a tensor-core fragment's aligned split; and, unless the plan
-    is the kernel as written (which merges nothing), the fix-up's own check.
+    In order: the recorded numbers; batch invariance (after which a batch-invariant
+    decision's plan counts chunks, :mod:`tvm_streamk.decomposition.chunks`); one K-panel
+    loop; the tile-row group against the band; a grouped GEMM's and a run-time tile count's
+    policies; a grid read at run time; the plan itself (its policy's domain); a tensor-core
+    fragment's aligned split; and, unless the plan is the kernel as written (which merges
+    nothing), the fix-up's own check.
 
     Raises
     ------
@@ -33,6 +35,7 @@ def check(site, decision: Decision, target: tvm.target.Target | None = None):
         Naming the first precondition that fails, what was found and what to do.
     """
     rules.check_recorded(decision, site)
+    rules.check_batch_invariant(site, decision)
     rules.check_one_panel_loop(site)
     rules.check_group(decision.group, site)
     rules.check_ragged(site, decision.policy)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import tvm
 
 from .. import cost_model, decomposition, fixup_registry, gpus
+from ..decomposition import chunks
 from ..decomposition import policy as policies
 from ..errors import StreamKError
 from ..run_time_choice import StreamKOrDataParallel, describe, stream_k_buckets
@@ -38,6 +39,7 @@ class Request:
     splits: int | None = None
     variant: str | None = None
     group: int | None = None
+    batch_invariant: bool = False
 
 
 def validate(request: Request) -> None:
@@ -53,6 +55,8 @@ def validate(request: Request) -> None:
                 f"({[n for n in fixup_registry.names() if fixup_registry.get(n).deterministic]}) "
                 "or 'auto'.",
             )
+    if request.batch_invariant and request.fixup != fixup_registry.AUTO:
+        rules.check_batch_invariant_fixup(request.fixup)
     if request.group is not None and (not isinstance(request.group, int) or request.group < 1):
         raise StreamKError("group", f"group={request.group!r}", "Pass a positive int, or None.")
     try:
@@ -104,7 +108,9 @@ def fixup_for(request: Request, site, target) -> str:
     """The fix-up of ``request``: its own, or the registry's default for ``"auto"``."""
     if request.fixup != fixup_registry.AUTO:
         return request.fixup
-    return fixup_registry.default(site, target, request.deterministic)
+    return fixup_registry.default(
+        site, target, request.deterministic, batch_invariant=request.batch_invariant
+    )
 
 
 def decide(
@@ -125,6 +131,13 @@ def decide(
         The first precondition the decision fails (:func:`~.check.check`).
     """
     validate(request)
+    chunk = 0
+    if request.batch_invariant:
+        # Every decomposition below plans over the chunk grid (decomposition.chunks); a
+        # tensor-core fragment's is the aligned split of its own panels (_invariant_fragment).
+        chunk = chunks.chunk_panels(site.kernel_panels)
+        if not site.fragment_accumulator:
+            site = site.chunked(chunk)
     rules.check_one_panel_loop(site)
     rules.check_group(request.group, site)
     rules.check_ragged(site, request.policy)
@@ -135,7 +148,9 @@ def decide(
         # A fix-up asked for by name with a policy asked for by name: refused whatever the
         # plan turns out to be. A chooser's choice comes first (_chosen).
         rules.check_fixup(site, fixup, target)
-    if _chooses(site, request):
+    if chunk and site.fragment_accumulator:
+        decision, chosen = _invariant_fragment(site, request, sms, fixup, blocks_per_sm, chunk)
+    elif _chooses(site, request):
         decision, chosen = _chosen(
             site, request, sms, fixup, target, blocks_per_sm, dp_blocks_per_sm, warps_per_block
         )
@@ -153,11 +168,19 @@ def decide(
             group=request.group or 0,
         )
         chosen = None
+    decision = replace(decision, chunk=chunk)
     # A decision left to the compile target's count is checked as planned now (for one SM);
     # the lowering checks it again for the target's count.
     checked = replace(decision, num_sms=sms.planned) if sms.recorded == TARGET_SMS else decision
     plan = check(site, checked, target)
     chosen = plan if chosen is None else chosen
+    if chunk:
+        count = chunks.chunk_count(site.kernel_panels, chunk)
+        counted = "its aligned split" if site.fragment_accumulator else "the plan"
+        chosen = chosen.with_reason(
+            f"{chosen.reason}; batch-invariant: K in {count} chunk(s) of {chunk} panels, each "
+            f"summed from zero and merged in chunk order ({counted} counts chunks)"
+        )
     if site.ragged is not None and not chosen.scheme.is_original:
         chosen = chosen.with_reason(
             "Stream-K over the grouped GEMM's tiles: their count is known only on the device, "
@@ -172,6 +195,39 @@ def decide(
         also = f"{chosen.reason}; " if site.runtime_tiles else ""
         chosen = chosen.with_reason(f"{also}planned for one SM: the kernel uses {when}")
     return decision, chosen
+
+
+def _invariant_fragment(site, request: Request, sms, fixup, bps, chunk):
+    """``(decision, plan)`` of a batch-invariant tensor-core fragment: the aligned split with
+    one block per chunk (``S = n``; data-parallel for one chunk), the only decomposition that
+    keeps the canonical order there (:func:`.rules.check_batch_invariant`). Asked for by a
+    chooser or a policy that adapts to fragments, it is chosen; any other policy is taken as
+    asked, and the check refuses it with the reason."""
+    count = rules.fragment_chunks(site, chunk)
+    rule = (
+        policies.get(request.policy, request.variant)
+        if not policies.chooser(request.policy)
+        else None
+    )
+    adapts = rule is None or rule.aligned_for_fragments or rule.is_original
+    if not adapts or rule is not None and rule.takes_splits and request.splits not in (None, count):
+        taken = policies.get(request.policy, request.variant)
+        splits = request.splits if taken.takes_splits and request.splits else 1
+        policy, variant = taken.name, taken.variant
+    else:
+        policy = rules.original_policy() if count == 1 else rules.aligned_policy()
+        splits, variant = count, None
+    decision = Decision(
+        policy=policy,
+        variant=variant,
+        num_sms=sms.recorded,
+        blocks_per_sm=bps,
+        splits=splits if policies.get(policy, variant).takes_splits else 1,
+        fixup=fixup,
+        group=request.group or 0,
+        chunk=chunk,
+    )
+    return decision, None
 
 
 def _chooses(site, request: Request) -> bool:

@@ -36,7 +36,10 @@ KEYS = (KEY_POLICY, KEY_NUM_SMS, KEY_BLOCKS_PER_SM, KEY_SPLITS, KEY_FIXUP, KEY_G
 # Recorded only by a decision that has it: the tile counts a run-time choice takes Stream-K
 # for, as the model decided them (``"1-2,5-6"``; ``""`` for none).
 KEY_BUCKETS = PREFIX + "buckets"
-OPTIONAL_KEYS = (KEY_BUCKETS,)
+# Recorded only by a batch-invariant decision: the K-panels of one chunk
+# (:mod:`tvm_streamk.decomposition.chunks`).
+KEY_CHUNK = PREFIX + "chunk"
+OPTIONAL_KEYS = (KEY_BUCKETS, KEY_CHUNK)
 
 # num_sms recorded as 0: read the multiprocessor count of the device at run time.
 DEVICE_SMS = 0
@@ -66,6 +69,9 @@ class Decision:
     buckets : tuple of (int, int), or None
         A run-time choice's Stream-K tile counts as decided
         (:attr:`~tvm_streamk.decomposition.Plan.buckets`); None for the other policies.
+    chunk : int
+        Batch invariance: the K-panels of one chunk, the unit the plan's iterations count
+        (:mod:`tvm_streamk.decomposition.chunks`); 0 when the kernel is not batch-invariant.
     """
 
     policy: str
@@ -76,6 +82,11 @@ class Decision:
     fixup: str
     group: int
     buckets: tuple | None = None
+    chunk: int = 0
+
+    @property
+    def batch_invariant(self) -> bool:
+        return self.chunk > 0
 
     def as_annotations(self) -> dict[str, tirx.IntImm]:
         def imm(v: int) -> tirx.IntImm:
@@ -91,6 +102,8 @@ class Decision:
         }
         if self.buckets is not None:
             out[KEY_BUCKETS] = ",".join(f"{lo}-{hi}" for lo, hi in self.buckets)
+        if self.chunk:
+            out[KEY_CHUNK] = imm(self.chunk)
         return out
 
 
@@ -166,6 +179,7 @@ def decode(annotations, where: str) -> Decision:
         fixup=fix.name,
         group=as_int(KEY_GROUP),
         buckets=_buckets(annotations.get(KEY_BUCKETS), where),
+        chunk=as_int(KEY_CHUNK) if KEY_CHUNK in annotations else 0,
     )
 
 

@@ -51,7 +51,9 @@ def resolve(
 ) -> decomposition.Plan:
     """The plan ``decision`` stands for on ``site``, for ``target``.
 
-    A run-time tile count gives the lowering's view
+    A batch-invariant decision's plan counts the chunks of its tiles' K
+    (:meth:`~tvm_streamk.analysis.StreamKSite.chunked`). A run-time tile count gives the
+    lowering's view
     (:func:`~tvm_streamk.decomposition.run_time.at_run_time`), or with ``sizes`` (the run-time
     shape variables by name) the plan the kernel runs at them.
 
@@ -62,6 +64,10 @@ def resolve(
         are outside its policy's domain for this site; :func:`~.check.check` turns that into a
         ``StreamKError``.
     """
+    if decision.chunk and not site.fragment_accumulator:
+        # A batch-invariant plan counts chunks (tvm_streamk.decomposition.chunks); a tensor-core
+        # fragment's is the aligned split of its own panels, one block per chunk.
+        site = site.chunked(decision.chunk)
     sms = planned_sms(decision, target)
     tiles = site.tiles_at(sizes) if sizes is not None and site.runtime_tiles else None
     if site.runtime_tiles and tiles is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .. import fixup_registry
 from ..analysis.ragged import COND_RAGGED
+from ..decomposition import chunks
 from ..decomposition import policy as policies
 from ..errors import StreamKError
 from .record import COND_DECISION, DEVICE_SMS, TARGET_SMS, Decision
@@ -22,6 +23,7 @@ COND_GROUP = "group"
 COND_FRAGMENT_SPLIT = "fragment-aligned-split"
 COND_PANEL_CHAIN = "panel-loop"
 COND_RUNTIME_TILES = "runtime-tiles"
+COND_BATCH_INVARIANT = "batch-invariant"
 
 
 def _where(site) -> str:
@@ -69,13 +71,16 @@ def check_recorded(decision: Decision, site) -> None:
         or decision.group < 0
         or decision.blocks_per_sm < 1
         or decision.splits < 1
+        or decision.chunk < 0
     ):
         raise StreamKError(
             COND_DECISION,
             f"num_sms={decision.num_sms}, blocks_per_sm={decision.blocks_per_sm}, "
-            f"splits={decision.splits}, group={decision.group} on {_where(site)}",
+            f"splits={decision.splits}, group={decision.group}, chunk={decision.chunk} on "
+            f"{_where(site)}",
             f"Record a positive SM count (or {DEVICE_SMS} for the device's, {TARGET_SMS} for "
-            "the compile target's), blocks_per_sm and splits >= 1, and a group >= 0.",
+            "the compile target's), blocks_per_sm and splits >= 1, and a group and a chunk "
+            ">= 0.",
         )
 
 
@@ -230,4 +235,83 @@ def check_fragment_plan(plan, site) -> None:
         f"Fragments take only aligned splits: split_k with a split that divides the panel "
         f"count, one of {divisors}, or data_parallel (policy 'stream_k' or 'heuristic' picks "
         "one for you in tvm_streamk.stream_k).",
+    )
+
+
+def invariant_fixups() -> list[str]:
+    """The fix-ups that merge a batch-invariant kernel's chunks in chunk order."""
+    return [n for n in fixup_registry.names() if fixup_registry.get(n).orders_chunks]
+
+
+def check_batch_invariant_fixup(fixup: str) -> None:
+    """Refuse a fix-up that cannot keep the canonical order of a batch-invariant kernel (what
+    the primitive checks before it looks at the schedule, and :func:`check_batch_invariant`
+    after)."""
+    if fixup_registry.get(fixup).orders_chunks:
+        return
+    raise StreamKError(
+        COND_BATCH_INVARIANT,
+        f"fixup={fixup!r} with batch_invariant=True",
+        f"The {fixup} fix-up merges partial sums in the order blocks arrive, which changes from "
+        f"run to run and with the grid; use fixup={invariant_fixups()[0]!r} (or 'auto'), which "
+        "sums each tile's chunks in chunk order.",
+    )
+
+
+def fragment_chunks(site, chunk: int) -> int:
+    """The aligned split a tensor-core fragment's batch-invariant kernel takes: one block per
+    chunk (``S = n``), which needs chunks of equal panels."""
+    panels = site.kernel_panels
+    count = chunks.chunk_count(panels, chunk)
+    if count * chunk != panels:
+        raise StreamKError(
+            COND_BATCH_INVARIANT,
+            f"batch_invariant=True for the tensor-core fragment accumulator of {_where(site)}: "
+            f"{panels} K-panels cut into chunks of {chunk} leave a shorter last chunk",
+            "Fragments are split only into equal panel ranges: choose a panel depth that makes "
+            f"the panel count a multiple of {chunks.CHUNKS} (or below it), or accumulate in "
+            "registers.",
+        )
+    return count
+
+
+def check_batch_invariant(site, decision: Decision) -> None:
+    """Refuse a batch-invariant decision (``chunk > 0``) the site cannot keep to the canonical
+    order (:mod:`tvm_streamk.decomposition.chunks`): a chunk longer than the tile's panels, a
+    grouped GEMM, a fix-up that merges in arrival order, a tensor-core fragment not split one
+    block per chunk."""
+    if not decision.chunk:
+        return
+    panels = site.kernel_panels
+    if decision.chunk > panels:
+        raise StreamKError(
+            COND_BATCH_INVARIANT,
+            f"chunk={decision.chunk} K-panels for the {panels} panels of {_where(site)}",
+            f"Record a chunk of at most {panels} panels (tvm_streamk.stream_k records "
+            f"{chunks.chunk_panels(panels)}).",
+        )
+    if site.ragged is not None:
+        raise StreamKError(
+            COND_BATCH_INVARIANT,
+            f"batch_invariant=True for the grouped GEMM of {_where(site)}",
+            "Not built for grouped GEMMs: drop batch_invariant (a row's bits then depend on its "
+            "group's row count), or run each group as its own GEMM.",
+        )
+    check_batch_invariant_fixup(decision.fixup)
+    if not site.fragment_accumulator:
+        return
+    count = fragment_chunks(site, decision.chunk)
+    rule = policies.get(decision.policy, decision.variant)
+    one_per_chunk = rule.takes_splits and decision.splits == count
+    if count == 1 and rule.is_original or count > 1 and one_per_chunk:
+        return
+    raise StreamKError(
+        COND_BATCH_INVARIANT,
+        f"policy={decision.policy!r} (splits={decision.splits}) for the batch-invariant "
+        f"tensor-core fragment accumulator of {_where(site)}, whose K is {count} chunks",
+        f"Fragments keep the canonical order only split one block per chunk: "
+        f"policy={aligned_policy()!r} with splits={count}"
+        + (f" or {original_policy()!r}" if count == 1 else "")
+        + " (tvm_streamk.stream_k picks it for policy 'heuristic', 'stream_k' or "
+        "'data_parallel').",
     )

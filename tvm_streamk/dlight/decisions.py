@@ -18,8 +18,9 @@ from ..schedule import stream_k
 @dataclass(frozen=True)
 class Config:
     """Knobs of the rules, as for :func:`tvm_streamk.stream_k`; ``num_sms=None`` reads the
-    target's tag or arch, ``splits`` serves ``policy="split_k"`` and ``variant`` a policy's
-    variant (``"two_tile"`` of the hybrid)."""
+    target's tag or arch, ``splits`` serves ``policy="split_k"``, ``variant`` a policy's
+    variant (``"two_tile"`` of the hybrid) and ``batch_invariant`` every decision
+    (docs/batch_invariance.md)."""
 
     num_sms: int | None = None
     blocks_per_sm: int | None = None
@@ -27,6 +28,7 @@ class Config:
     fixup: str = "auto"
     splits: int | None = None
     variant: str | None = None
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         # What no kernel's shape decides is refused here, not once per kernel in ``skipped``.
@@ -64,9 +66,12 @@ class RecordsDecisions:
         *,
         splits=None,
         variant=None,
+        batch_invariant=False,
     ):
         super().__init__()
-        self.config = Config(num_sms, blocks_per_sm, policy, fixup, splits, variant)
+        self.config = Config(
+            num_sms, blocks_per_sm, policy, fixup, splits, variant, batch_invariant
+        )
         self.decisions = Decisions() if decisions is None else decisions
 
     @property
@@ -134,6 +139,7 @@ def decide(rule, name: str, sch: Schedule, target) -> None:
             fixup=config.fixup,
             splits=config.splits,
             variant=config.variant,
+            batch_invariant=config.batch_invariant,
             target=target,
         )
     except StreamKError as err:

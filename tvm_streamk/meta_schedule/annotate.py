@@ -103,6 +103,7 @@ def annotate_stream_k(
     fixup="atomic",
     group=0,
     target=None,
+    chunk=0,
 ) -> decomposition.Plan:
     """Record a Stream-K decision on a tiled reduction block, knobs possibly sampled.
 
@@ -136,6 +137,10 @@ def annotate_stream_k(
         A registered fix-up (``"auto"`` is not one: the choice is the tuner's), or its code.
     target : Target, optional
         Checks that the fix-up can be emitted for the target (atomics for the accumulator dtype).
+    chunk : int
+        A batch-invariant decision's K-panels per chunk
+        (:mod:`tvm_streamk.decomposition.chunks`): a fact of the tiling, never sampled; 0 for
+        none. ``policy`` and ``splits`` then count chunks.
 
     Returns
     -------
@@ -185,6 +190,8 @@ def annotate_stream_k(
         record.KEY_FIXUP: fixup,
         record.KEY_GROUP: group,
     }
+    if chunk:
+        knobs[record.KEY_CHUNK] = chunk
     concrete = {key: tirx.IntImm("int32", _concrete(sch, value)) for key, value in knobs.items()}
     chosen = check(site, record.decode(concrete, site.block.name_hint), target)
     for key, value in knobs.items():

@@ -10,7 +10,8 @@ from tvm.ir.utils import derived_object
 from .. import gpus
 from .._compat import Schedule, meta_schedule
 from ..analysis import StreamKSite, blockized_parent, find_block_path, function_of, sblock_rv
-from ..decision import record
+from ..decision import record, rules
+from ..decomposition import chunks
 from ..decomposition.policy import by_key
 from ..errors import StreamKError
 from .annotate import (
@@ -40,6 +41,11 @@ class StreamKKnobs:
     fixups : tuple of str, optional
         Fix-ups to choose from; by default every one of
         registered fix-up (:mod:`tvm_streamk.transform.fixup`) the kernel can use.
+    batch_invariant : bool
+        Every candidate batch-invariant (docs/batch_invariance.md): the rule then replaces each
+        tiled reduction by its batch-invariant twin instead of adding one (the kernel as tiled
+        is not invariant), ``data_parallel`` joins the sampled policies, splits are counted in
+        chunks and only the fix-ups that merge chunks in chunk order are sampled.
     """
 
     policies: tuple[str, ...] = ("stream_k", "hybrid_two_tile", "hybrid_one_tile", "split_k")
@@ -47,6 +53,7 @@ class StreamKKnobs:
     splits: tuple[int, ...] = (2, 3, 4, 8)
     groups: tuple[int, ...] = (0,)
     fixups: tuple[str, ...] | None = None
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         for name in ("policies", "blocks_per_sm", "splits", "groups"):
@@ -144,13 +151,28 @@ class StreamKRule(meta_schedule.schedule_rule.PyScheduleRule):
         fixups = applicable_fixups(site, self.target)
         if self.knobs.fixups is not None:
             fixups = tuple(f for f in fixups if f in self.knobs.fixups)
-        splits = [s for s in self.knobs.splits if s <= site.panels]
-        takes_splits = {p: by_key(p).takes_splits for p in self.knobs.policies}
-        policies = [p for p in self.knobs.policies if not takes_splits[p] or splits]
+        chunk, planned = 0, site
+        candidates = list(self.knobs.policies)
+        if self.knobs.batch_invariant:
+            chunk = chunks.chunk_panels(site.kernel_panels)
+            fixups = tuple(f for f in fixups if f in rules.invariant_fixups())
+            candidates = [rules.original_policy(), *candidates]
+            if not site.fragment_accumulator:
+                planned = site.chunked(chunk)
+        splits = [s for s in self.knobs.splits if s <= planned.panels]
+        takes_splits = {p: by_key(p).takes_splits for p in candidates}
+        policies = [p for p in candidates if not takes_splits[p] or splits]
         if site.fragment_accumulator:
             # Tensor-core fragments have no addressable elements: only splits of whole,
             # equal panel ranges can be merged (tvm_streamk.decision.rules.check_fragment_plan).
             splits = [s for s in splits if site.panels % s == 0]
+            if chunk:
+                # Batch-invariant: one block per chunk, the only order-keeping split.
+                try:
+                    count = rules.fragment_chunks(site, chunk)
+                except StreamKError:
+                    return [sch]
+                splits = [count] if count > 1 else []
             policies = [p for p in policies if takes_splits[p]] if splits else []
         if not fixups or not policies:
             return [sch]
@@ -174,8 +196,11 @@ class StreamKRule(meta_schedule.schedule_rule.PyScheduleRule):
         }
         # The copy shares the block's random variable (or names the blockized parent); every
         # value sampled above is valid for this tiling, so annotating cannot fail.
-        annotate_stream_k(twin, block, num_sms=self._resolved_sms, target=self.target, **sampled)
-        return [sch, twin]
+        annotate_stream_k(
+            twin, block, num_sms=self._resolved_sms, target=self.target, chunk=chunk, **sampled
+        )
+        # A batch-invariant space holds only invariant kernels: the twin replaces the tiling.
+        return [twin] if chunk else [sch, twin]
 
     def clone(self) -> StreamKRule:
         rule = StreamKRule(num_sms=self.num_sms, knobs=self.knobs)

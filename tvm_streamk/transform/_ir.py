@@ -87,6 +87,7 @@ class Segment:
     k_begin: tirx.Var
     k_end: tirx.Var
     full: tirx.Var  # the segment covers every panel of its tile
+    chunk: tirx.Var | None = None  # a batch-invariant kernel's chunk (the segment covers it)
 
 
 def int_imm(value, dtype: str = "int32") -> tirx.IntImm:

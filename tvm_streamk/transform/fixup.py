@@ -7,7 +7,9 @@ find it. :class:`~tvm_streamk.transform.LowerStreamK` drives it through the hook
 annotated block whose decision :func:`tvm_streamk.decision.check` accepted:
 
 1. the constructor, with the analysed site, the plan, the target, the tile-row group, the tile
-   body and the grid variable of a grid read at run time (None for the plan's own grid);
+   body, the grid variable of a grid read at run time (None for the plan's own grid) and a
+   batch-invariant kernel's chunk grid (None otherwise; only a fix-up that ``orders_chunks``
+   gets one);
 2. ``merge_writeback(block, segment)`` for each write-back block in the persistent nest,
    building its merge through :meth:`Fixup.partial_merge`; then, on the tile body holding
    them, ``with_staged_copies(body, segment)`` (the base class's);
@@ -60,11 +62,15 @@ class Fixup:
         Whether results are bit-reproducible whatever the arrival order.
     auto_rank : int
         ``fixup="auto"`` takes the lowest-ranked fix-up whose :meth:`auto_ok` holds.
+    orders_chunks : bool
+        Whether it merges a batch-invariant kernel's chunks in chunk order (the constructor's
+        ``chunks``; :mod:`tvm_streamk.decomposition.chunks`).
     """
 
     name: ClassVar[str] = ""
     code: ClassVar[int] = -1
     deterministic: ClassVar[bool] = False
+    orders_chunks: ClassVar[bool] = False
     auto_rank: ClassVar[int] = 100
 
     @classmethod
@@ -88,8 +94,11 @@ class Fixup:
         ``blocks`` blocks (the plan's grid, or the bound of a grid read at run time)."""
         raise NotImplementedError
 
-    def __init__(self, site, plan, target, group: int | None, tile_body, grid=None):
+    def __init__(self, site, plan, target, group: int | None, tile_body, grid=None, chunks=None):
         self.site, self.plan, self.target, self.group = site, plan, target, group
+        # A batch-invariant kernel's chunk grid, ``(panels per chunk, chunks per tile)``; None
+        # otherwise. Its plan counts chunks, and every segment is one chunk of one tile.
+        self.chunks = chunks
         self.memory = for_target(target)
         self.tile_body = tile_body
         # The launched grid when only known at run time; None for the plan's own grid.

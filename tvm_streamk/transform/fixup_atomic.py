@@ -91,8 +91,10 @@ class AtomicFixup(fixup.Fixup):
         zeroed = len(plan.split_tiles) * tile_elems * out_bytes
         return fixup.Footprint(workspace_bytes=0, zeroed_bytes=zeroed)
 
-    def __init__(self, site: StreamKSite, plan, target, group: int | None, tile_body, grid=None):
-        super().__init__(site, plan, target, group, tile_body, grid)
+    def __init__(
+        self, site: StreamKSite, plan, target, group: int | None, tile_body, grid=None, chunks=None
+    ):
+        super().__init__(site, plan, target, group, tile_body, grid, chunks)
         self.names = {wb.block.name_hint for wb in site.writebacks}
 
     def merge_writeback(self, block: SBlock, seg: Segment) -> SBlock:

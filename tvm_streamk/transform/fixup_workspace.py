@@ -34,6 +34,13 @@ in between, each but the first with its partial in its first slot
 (:meth:`WorkspaceFixup._record_peers`). Both are partial segments, so both record before they
 arrive; the record is read like the partials (below) and never zeroed.
 
+Batch invariance (:mod:`tvm_streamk.decomposition.chunks`). A batch-invariant kernel of ``n > 1``
+chunks per tile merges every tile, split or not: each segment is one chunk of one tile, stores
+its partial to the tile's slot for that chunk (``tile * n + chunk``) and arrives with its
+panels; the last arriver sums the ``n`` slots in chunk order from zero, the canonical order,
+whichever blocks ran the chunks and in whatever order they arrived. The protocol below is the
+same; no peer record is needed under a run-time grid, as the slots follow from the tile alone.
+
 Ordering (the hand-off argument). Writer side, per partial segment: every thread stores its part
 of the partial tile; the block meets at a barrier; then one thread (the leader) stores the peer
 record where the segment has one, fences global memory and adds the segment's panel count to the
@@ -83,6 +90,7 @@ from ..analysis.blocks import uses_var
 from ..errors import StreamKError
 from . import fixup
 from ._ir import (
+    INT32_MAX,
     TIR_OPS,
     Segment,
     bound_loop,
@@ -113,6 +121,7 @@ class WorkspaceFixup(fixup.Fixup):
     name = "workspace"
     code = 1
     deterministic = True
+    orders_chunks = True
     auto_rank = 10
 
     @classmethod
@@ -140,8 +149,20 @@ class WorkspaceFixup(fixup.Fixup):
         slots = cls.slots(plan, blocks) * tile_elems * acc_bytes
         return fixup.Footprint(workspace_bytes=slots + counters, zeroed_bytes=counters)
 
-    def __init__(self, site: StreamKSite, plan, target, group: int | None, tile_body, grid=None):
-        super().__init__(site, plan, target, group, tile_body, grid)
+    @classmethod
+    def chunk_footprint(cls, tiles: int, chunks: int, tile_elems: int, acc_bytes: int):
+        """:class:`Footprint` of a batch-invariant kernel of ``chunks`` chunks per tile: a slot
+        per chunk of every tile and a counter per tile, zeroed (none for a single chunk)."""
+        if chunks < 2:
+            return fixup.Footprint(workspace_bytes=0, zeroed_bytes=0)
+        counters = fixup.COUNTER_BYTES * tiles
+        slots = tiles * chunks * tile_elems * acc_bytes
+        return fixup.Footprint(workspace_bytes=slots + counters, zeroed_bytes=counters)
+
+    def __init__(
+        self, site: StreamKSite, plan, target, group: int | None, tile_body, grid=None, chunks=None
+    ):
+        super().__init__(site, plan, target, group, tile_body, grid, chunks)
         path = find_block_path_below(tile_body, site.writebacks[0].block.name_hint)
         self.writeback = path[-1].block
         self.loops = [s for s in path if isinstance(s, tirx.For)]
@@ -158,16 +179,32 @@ class WorkspaceFixup(fixup.Fixup):
         # With a lane loop, the write-back's guard without the lane (None: no lane loop).
         self.lane, self.lane_guard = _lane_loop(path, self.dtype, self.memory)
         self.acc_load = _accumulator_load(self.writeback, site.merged)
-        self.active = grid is not None or bool(plan.split_tiles)
-        # A run-time grid gets slots for the largest grid it can launch.
-        blocks = plan.grid if grid is None else plan.runtime_grid_bound()
-        self.workspace = tirx.decl_buffer(
-            (self.slots(plan, blocks), self.elems),
-            self.memory.partial_dtype(self.dtype),
-            name="sk_workspace",
-        )
+        # A batch-invariant kernel of several chunks: every tile is merged, chunk by chunk.
+        self.chunked = chunks is not None and chunks[1] > 1
+        self.active = self.chunked or grid is not None or bool(plan.split_tiles)
         # A grouped GEMM's tile count is read on the device: its counters take the bound.
         self.counter_tiles = plan.counter_tiles if site.ragged is None else site.ragged.tile_bound
+        # Slot indices in int64 where the workspace passes 2^31 elements (_chunk_slot).
+        self.wide = False
+        if self.chunked:
+            # One slot per chunk of every tile, at tile * n + chunk (_chunk_slot): a tile
+            # count read at run time sizes it at run time.
+            self.counter_tiles = plan.tiles
+            slots = plan.tiles * chunks[1]
+            tiles = plan.tiles
+            self.wide = not isinstance(tiles, int) or tiles * chunks[1] * self.elems > INT32_MAX
+        else:
+            # A run-time grid gets slots for the largest grid it can launch.
+            blocks = plan.grid if grid is None else plan.runtime_grid_bound()
+            slots = self.slots(plan, blocks)
+        shape = (slots, self.elems)
+        if self.wide:
+            shape = tuple(
+                int_imm(d, "int64") if isinstance(d, int) else cast_to("int64", d) for d in shape
+            )
+        self.workspace = tirx.decl_buffer(
+            shape, self.memory.partial_dtype(self.dtype), name="sk_workspace"
+        )
         self.arrivals = tirx.decl_buffer((self.counter_tiles,), "int32", name="sk_arrivals")
         # The leader's verdict for its block (1: it arrived last), through shared memory, and
         # every thread's register copy of it (ThreadSync refuses shared loads in branch
@@ -180,7 +217,7 @@ class WorkspaceFixup(fixup.Fixup):
         # last arrival: never zeroed. The last arriver's leader hands the two words it read
         # (the first peer's slot, the last peer's block) to its block like the verdict.
         self.record = self.shared_peers = self.peers = None
-        if grid is not None:
+        if grid is not None and not self.chunked:
             self.record = tirx.decl_buffer(
                 (self.counter_tiles * 2,), "int32", name="sk_peer_record"
             )
@@ -239,7 +276,10 @@ class WorkspaceFixup(fixup.Fixup):
         """A partial segment stores its accumulator to its slot instead of writing back."""
         if not self.active:
             return block
-        slot = self._slot(seg.block, seg.index == 0)
+        if self.chunked:
+            slot = self._chunk_slot(seg.tile, seg.chunk, seg.block)
+        else:
+            slot = self._slot(seg.block, seg.index == 0)
         element = [slot, self._linear(self.loops)]
 
         def store(acc):
@@ -378,7 +418,9 @@ class WorkspaceFixup(fixup.Fixup):
         # The recorded walk counts in int32 (block indices); the closed forms multiply a tile by
         # the grid and the iterations, in the blocks' type.
         p = var("sk_peer", "int32" if self.record is not None else dtype_of(seg.block))
-        if self.record is not None:
+        if self.chunked:
+            peers, slot = int_imm(self.chunks[1], dtype_of(p)), self._chunk_slot(seg.tile, p, p)
+        elif self.record is not None:
             peers, slot = self._recorded_walk(p)
         else:
             peers, slot = self._closed_form_walk(seg, p)
@@ -488,6 +530,12 @@ class WorkspaceFixup(fixup.Fixup):
         )
 
     # -- where the peers are -------------------------------------------------------------------
+
+    def _chunk_slot(self, tile, chunk, like) -> tirx.Expr:
+        """A batch-invariant kernel's slot of ``chunk`` of ``tile``, in ``like``'s type: its
+        peers are the tile's chunks, summed in chunk order (module docstring)."""
+        dtype = "int64" if self.wide else dtype_of(like)
+        return cast_to(dtype, tile) * self.chunks[1] + cast_to(dtype, chunk)
 
     def _closed_form_walk(self, seg: Segment, p):
         """The peer count of the segment's tile and the slot of its peer ``p``, from the plan's

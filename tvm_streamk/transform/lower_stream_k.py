@@ -30,6 +30,7 @@ from .. import decomposition, fixup_registry
 from .._compat import SBlock, SBlockRealize, dtype_of, replace_block, structural_map
 from ..analysis import StreamKSite, analyze, blocks_under, first_site, ragged_views
 from ..decision import DEVICE_SMS, Decision, check, record
+from ..decomposition import chunks
 from ..errors import StreamKError
 from ..memory_model import for_target
 from . import device_sms, fixup_atomic, fixup_workspace, tile_space  # noqa: F401 - registers
@@ -52,7 +53,7 @@ from ._ir import (
 from .localize import localize_accumulator
 
 
-def make_fixup(site: StreamKSite, plan, decision, target, tile_body, grid):
+def make_fixup(site: StreamKSite, plan, decision, target, tile_body, grid, chunk_grid=None):
     """The fix-up object that merges partial tiles for this decision."""
     if target is None:
         raise StreamKError(
@@ -61,7 +62,16 @@ def make_fixup(site: StreamKSite, plan, decision, target, tile_body, grid):
             "Lower through tvm.compile(..., target=...) or tvm_streamk.lower(mod, target).",
         )
     fixup = fixup_registry.get(decision.fixup)
-    return fixup(site, plan, target, decision.group or None, tile_body, grid)
+    return fixup(site, plan, target, decision.group or None, tile_body, grid, chunk_grid)
+
+
+def chunk_grid(site: StreamKSite, decision: Decision) -> tuple[int, int] | None:
+    """``(panels per chunk, chunks per tile)`` of a batch-invariant decision whose plan counts
+    chunks (:mod:`tvm_streamk.decomposition.chunks`); None otherwise, and for a tensor-core
+    fragment, whose plan is the aligned split of its own panels, one block per chunk."""
+    if not decision.chunk or site.fragment_accumulator:
+        return None
+    return decision.chunk, chunks.chunk_count(site.panels, decision.chunk)
 
 
 def rewrite(
@@ -76,6 +86,7 @@ def rewrite(
     if decision is None:
         decision = record.decode(site.block.annotations, block_name)
     plan = check(site, decision, target)
+    chunked = chunk_grid(site, decision)
     root_realize: SBlockRealize = func.body
     root = root_realize.block
 
@@ -89,11 +100,13 @@ def rewrite(
         # A grouped GEMM's data-parallel kernel: one block per tile the groups hold (the
         # closed forms of Stream-K on as many blocks as tiles), not the padded band.
         plan = decomposition.plan_at_run_time(site.tile_count, site.panels, 1, 1, "stream_k")
-    elif plan.scheme.is_original:
-        # The original kernel already is this decomposition.
+    elif plan.scheme.is_original and (chunked is None or chunked[1] == 1):
+        # The original kernel already is this decomposition (a batch-invariant one of a single
+        # chunk too: its panel loop is the canonical order).
         return func.with_body(structural_map(func.body, (SBlock, strip)))
 
-    aligned = plan.aligned_splits is not None
+    # A batch-invariant plan counts chunks: the persistent walk cuts them (_persistent_nest).
+    aligned = plan.aligned_splits is not None and chunked is None
     # Fragments are addressed through intrinsics, not element indices: nothing to localize.
     tile_body = site.band[-1].body
     if not site.fragment_accumulator:
@@ -104,11 +117,11 @@ def rewrite(
     if whole_tiles:
         fixup = tile_space.WholeTiles(site, plan, target, None, tile_body, device_grid)
     else:
-        fixup = make_fixup(site, plan, decision, target, tile_body, device_grid)
+        fixup = make_fixup(site, plan, decision, target, tile_body, device_grid, chunked)
     if aligned:
         main = _aligned_nest(site, plan, fixup, strip, tile_body)
     else:
-        main = _persistent_nest(site, plan, decision, fixup, strip, tile_body, device_grid)
+        main = _persistent_nest(site, plan, decision, fixup, strip, tile_body, device_grid, chunked)
     nests = [tile_space.group_offsets_kernel(site), fixup.prologue(), main]
     if device_grid is not None:
         nests = [
@@ -197,7 +210,9 @@ def _bind_runtime_grid(
     return seq([tirx.Bind(grid, launched), structural_map(body, (tirx.For, kernel))])
 
 
-def _persistent_nest(site, plan, decision, fixup, strip, tile_body, device_grid=None) -> tirx.Stmt:
+def _persistent_nest(
+    site, plan, decision, fixup, strip, tile_body, device_grid=None, chunked=None
+) -> tirx.Stmt:
     panels = site.panels
     # Blocks and ranges in the type their largest intermediate needs; the segment values
     # (below the tile and panel counts) in int32 where those fit (_ir.segment_dtype).
@@ -210,9 +225,38 @@ def _persistent_nest(site, plan, decision, fixup, strip, tile_body, device_grid=
         k_begin=var("sk_k_begin", own),
         k_end=var("sk_k_end", own),
         full=var("sk_full", "bool"),
+        chunk=var("sk_chunk", own) if chunked is not None else None,
     )
     tile, k0, k1 = seg.tile, seg.k_begin, seg.k_end
     tile_body = _ranged(tile_body, site, seg, fixup, strip, k1 - k0)
+
+    def chunk_walk(lo, hi, may_be_empty: bool) -> tirx.Stmt:
+        # A batch-invariant plan's range counts chunk iterations, ``tile * n + chunk``: one
+        # segment per chunk, each accumulated from zero over its own panels and merged by the
+        # fix-up in chunk order (decomposition.chunks), even where one block runs a whole tile.
+        chunk, count = chunked
+        unit = lo + cast_to(dtype, seg.index)
+        extent = cast_to(own, hi - lo)
+        if may_be_empty:
+            extent = tirx.Select(lo < hi, extent, int_imm(0, own))
+        if count == 1:
+            k_begin, k_end = int_imm(0, own), int_imm(panels, own)
+        else:
+            k_begin = seg.chunk * chunk
+            k_end = k0 + chunk if chunk * count == panels else tirx.min(k0 + chunk, panels)
+        segment = seq(
+            [
+                tirx.Bind(tile, cast_to(own, tirx.floordiv(unit, count))),
+                tirx.Bind(seg.chunk, cast_to(own, tirx.floormod(unit, count))),
+                tirx.Bind(k0, k_begin),
+                tirx.Bind(k1, k_end),
+                *tile_space.coordinates(site, tile, decision.group or None),
+                tirx.Bind(seg.full, tirx.const(count == 1, "bool")),
+                tile_body,
+                fixup.after_segment(seg),
+            ]
+        )
+        return tirx.For(seg.index, int_imm(0, own), extent, tirx.ForKind.SERIAL, segment)
 
     def walk(lo, hi, may_be_empty: bool) -> tirx.Stmt:
         # The tiles a range touches are lo // P .. ceil(hi / P) - 1: one segment each. A counted
@@ -256,7 +300,8 @@ def _persistent_nest(site, plan, decision, fixup, strip, tile_body, device_grid=
         return tirx.For(seg.index, int_imm(0, own), extent, tirx.ForKind.SERIAL, segment)
 
     grid = int_imm(plan.grid, dtype) if device_grid is None else device_grid
-    units = over_units(plan, seg.block, walk, device_grid, idle=site.ragged is not None)
+    walker = walk if chunked is None else chunk_walk
+    units = over_units(plan, seg.block, walker, device_grid, idle=site.ragged is not None)
     # Keep the schedule's own annotations of the tile band (unroll pragmas, for instance).
     return bound_loop(seg.block, grid, units, annotations=site.band[0].annotations)
 
