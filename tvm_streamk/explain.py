@@ -63,8 +63,8 @@ def explain(
         Output elements per tile along each output axis, e.g. ``(128, 128)``; needed for the byte
         counts of a bare plan. For a kernel it is read from the write-back and this overrides it.
     fixup : str, optional
-        ``"atomic"`` or ``"workspace"``. For a kernel, the recorded one (passing another raises);
-        for a plan, ``"atomic"`` by default.
+        A registered fix-up (``"atomic"``, ``"workspace"``, ``"separate"``). For a kernel, the
+        recorded one (passing another raises); for a plan, ``"atomic"`` by default.
     block : str, optional
         The annotated block to explain when a kernel has several.
     num_sms : int, optional

@@ -83,7 +83,7 @@ class Explanation:
     stats, baseline_stats : PlanStats
         The figures of ``plan`` and of ``baseline``.
     fixup : str
-        How split tiles are merged: ``"atomic"`` or ``"workspace"``.
+        How split tiles are merged: a registered fix-up (``"atomic"``, ``"workspace"``, ...).
     tile_shape : tuple of int or None
         Output elements per tile along each output axis, if known.
     accumulator_bytes, output_bytes : int

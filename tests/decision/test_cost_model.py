@@ -56,7 +56,9 @@ def test_atomic_fixup_zeroes_first_and_never_waits():
 
 
 def test_unknown_fixup():
-    with pytest.raises(CostModelError, match=r"fixup must be one of \['atomic', 'workspace'\]"):
+    with pytest.raises(
+        CostModelError, match=r"fixup must be one of \['atomic', 'workspace', 'separate'\]"
+    ):
         predicted_time(plan(3, 4, 2, policy="stream_k"), fixup="reduce")
     with pytest.raises(CostModelError, match="found 'reduce'"):
         plan(3, 4, 2, fixup="reduce")

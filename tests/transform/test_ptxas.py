@@ -51,6 +51,8 @@ DECISIONS = [
     {"policy": "hybrid", "variant": "two_tile", "fixup": "workspace"},
     {"policy": "split_k", "splits": 2, "fixup": "workspace"},
     {"policy": "split_k", "splits": 3, "fixup": "atomic"},
+    {"policy": "stream_k", "fixup": "separate"},
+    {"policy": "hybrid", "variant": "two_tile", "fixup": "separate"},
 ]
 # Tensor-core fragments take the aligned split-K only, merged through the workspace.
 FRAGMENT_DECISIONS = [{"policy": "split_k", "splits": 2, "fixup": "workspace"}]

@@ -18,6 +18,10 @@ Times are in *units*: one K-panel iteration of one tile (its MMA work and operan
       Stream-K paper's fixup. The lowering's fixup lets the *last* peer to arrive read the
       partials instead, so no block stalls: the tile completes at the same modelled time, and
       the owner is free earlier, so the model is slightly pessimistic for the generated code.
+  ``"separate"``
+      every segment of a split tile writes its partial, with no waiting; a second kernel then
+      runs a block per split tile (in waves over the slots) that reads its ``peers`` partials
+      and stores the tile.
   ``"atomic"``
       every segment of a split tile atomically adds its partial to the output, with no waiting;
       a prologue kernel first zeroes the split tiles, costing ``c_block + c_seg`` per tile in
@@ -198,11 +202,17 @@ def check_fixup(fixup: str) -> None:
         )
 
 
+def _merge_kind(fixup: str) -> str:
+    """How ``fixup`` merges, as the model prices it (the fix-up's ``merge_kind``)."""
+    return fixup_registry.get(fixup).merge_kind
+
+
 def _block_steps(
     p: Plan, fixup: str, chunk_merges: bool = False
 ) -> list[list[tuple[int, int, int]]]:
     """Per block, ``(role, tile, iterations)`` per segment: what each segment costs and does.
     With ``chunk_merges`` every iteration of a plan of several chunks is a segment of its own."""
+    kind = _merge_kind(fixup)
     steps = []
     for segments in p.work:
         items = []
@@ -214,8 +224,11 @@ def _block_steps(
                 continue
             if p.peers(tile) == 1:
                 role = _PLAIN
-            elif fixup == "atomic":
+            elif kind == "atomic":
                 role = _ATOMIC
+            elif kind == "second_kernel":
+                # Every peer writes its partial; a second kernel sums them (_simulate).
+                role = _WRITER
             else:
                 role = _OWNER if k0 == 0 else _WRITER
             items.append((role, tile, k1 - k0))
@@ -265,7 +278,7 @@ def _simulate(p: Plan, slots: int, cost: CostParams, fixup: str, shares: list[fl
     c = cost.vector()
     steps = _block_steps(p, fixup, cost.chunk_merges)
     start = _ZERO
-    if fixup == "atomic" and p.split_tiles:
+    if _merge_kind(fixup) == "atomic" and p.split_tiles:
         waves = float(-(-len(p.split_tiles) // slots))
         start = (0.0, waves, 0.0, waves)
     ready: dict[int, _Time] = {}
@@ -305,6 +318,11 @@ def _simulate(p: Plan, slots: int, cost: CostParams, fixup: str, shares: list[fl
         ):
             break
         ready = new_ready
+    if _merge_kind(fixup) == "second_kernel" and p.split_tiles:
+        # The second kernel: a block per split tile in waves over the slots, each reading its
+        # peers' partials and writing the tile.
+        waves = float(-(-len(p.split_tiles) // slots))
+        makespan = _add(makespan, (0.0, waves, waves * p.max_peers, waves))
     return makespan
 
 

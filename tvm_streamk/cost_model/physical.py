@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from .. import fixup_registry
 from .gpu_specs import GPUSpec
 
 __all__ = [
@@ -225,7 +226,7 @@ def price(traits: KernelTraits, spec: GPUSpec, fixup: str = "workspace") -> Pric
     tile = traits.tile_m * traits.tile_n
     store = tile * traits.bytes_of(traits.out_dtype) / port
     partial = tile * traits.bytes_of(traits.acc_dtype)
-    moved = 2 * partial if fixup == "workspace" else partial
+    moved = fixup_registry.get(fixup).partial_trips * partial
     return Price(
         traits=traits,
         spec=spec,

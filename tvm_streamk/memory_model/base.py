@@ -69,8 +69,12 @@ class MemoryModel:
         """``value`` (of ``dtype``) as the workspace stores it."""
         return value
 
-    def load_partial(self, load: tirx.BufferLoad, dtype: str) -> tirx.Expr:
-        """A stored partial of ``dtype`` read back by the last arriver."""
+    def load_partial(
+        self, load: tirx.BufferLoad, dtype: str, across_kernels: bool = False
+    ) -> tirx.Expr:
+        """A stored partial of ``dtype`` read back by the last arriver, or with
+        ``across_kernels`` by a later kernel of the same stream, whose launch orders it: a
+        plain read."""
         raise NotImplementedError
 
     def lanes_in_one_access(self, lanes: int, dtype: str) -> bool:
@@ -78,10 +82,12 @@ class MemoryModel:
         (then a thread's lanes of a partial tile stay together in its slot)."""
         return False
 
-    def read_lanes(self, workspace: tirx.Buffer, slot, group, lanes: int, dtype: str):
+    def read_lanes(
+        self, workspace: tirx.Buffer, slot, group, lanes: int, dtype: str, across_kernels=False
+    ):
         """``(declarations, value)``: the ``group``-th run of ``lanes`` consecutive elements of
-        the workspace slot ``slot``, stored by another block, read as one access and returned
-        as a ``dtype`` vector."""
+        the workspace slot ``slot``, stored by another block (``across_kernels``: by an
+        earlier kernel), read as one access and returned as a ``dtype`` vector."""
         raise NotImplementedError
 
 

@@ -52,15 +52,15 @@ class CudaMemoryModel(MemoryModel):
     def handed_off(self, load, dtype: str) -> tirx.Expr:
         return tirx.call_extern(dtype, "__ldcg", tirx.address_of(load))
 
-    def load_partial(self, load, dtype: str) -> tirx.Expr:
-        return self.handed_off(load, dtype)
+    def load_partial(self, load, dtype: str, across_kernels: bool = False) -> tirx.Expr:
+        return load if across_kernels else self.handed_off(load, dtype)
 
     def lanes_in_one_access(self, lanes: int, dtype: str) -> bool:
         # One 32- or 64-bit __ldcg: TVM 0.27's CUDA codegen splits an extern call returning a
         # vector into one call per lane, all on one address, so no wider word can be read.
         return lanes * tvm.DataType(dtype).bits // 8 in (4, 8)
 
-    def read_lanes(self, workspace, slot, group, lanes: int, dtype: str):
+    def read_lanes(self, workspace, slot, group, lanes: int, dtype: str, across_kernels=False):
         # The slots as words of a thread's lanes, read through L2 and reinterpreted.
         view = tirx.decl_buffer(
             (workspace.shape[0], int(workspace.shape[1]) // lanes),
@@ -68,7 +68,9 @@ class CudaMemoryModel(MemoryModel):
             name="sk_workspace_words",
             data=workspace.data,
         )
-        word = self.handed_off(tirx.BufferLoad(view, [slot, group]), view.dtype)
+        word = tirx.BufferLoad(view, [slot, group])
+        if not across_kernels:
+            word = self.handed_off(word, view.dtype)
         return [tirx.DeclBuffer(view, data=workspace.data)], tirx.reinterpret(
             f"{dtype}x{lanes}", word
         )

@@ -66,15 +66,15 @@ class OpenCLMemoryModel(MemoryModel):
             return tirx.call_pure_extern("int32", "as_int", value)
         return value
 
-    def load_partial(self, load, dtype: str) -> tirx.Expr:
+    def load_partial(self, load, dtype: str, across_kernels: bool = False) -> tirx.Expr:
         if dtype not in ATOMIC_SLOT_DTYPES:
             return load
-        bits = self.handed_off(load, "int32")
+        bits = load if across_kernels else self.handed_off(load, "int32")
         return bits if dtype == "int32" else tirx.call_pure_extern(dtype, "as_float", bits)
 
     def lanes_in_one_access(self, lanes: int, dtype: str) -> bool:
         # Partials read through one 32-bit atomic per element keep the scalar layout.
         return dtype not in ATOMIC_SLOT_DTYPES
 
-    def read_lanes(self, workspace, slot, group, lanes: int, dtype: str):
+    def read_lanes(self, workspace, slot, group, lanes: int, dtype: str, across_kernels=False):
         return [], tirx.BufferLoad(workspace, [slot, tirx.Ramp(group * lanes, 1, lanes)])

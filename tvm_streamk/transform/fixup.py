@@ -1,10 +1,11 @@
 """The fix-up interface the lowering drives.
 
 A *fix-up* merges the partial tiles of split tiles. Each is one :class:`Fixup` subclass in its
-own module (:mod:`.fixup_atomic`, :mod:`.fixup_workspace`), registered with :func:`register`
-into :mod:`tvm_streamk.fixup_registry`, where the decision layer, MetaSchedule and ``explain``
-find it. :class:`~tvm_streamk.transform.LowerStreamK` drives it through the hooks below, for one
-annotated block whose decision :func:`tvm_streamk.decision.check` accepted:
+own module (:mod:`.fixup_atomic`, :mod:`.fixup_workspace`, :mod:`.fixup_separate`),
+registered with :func:`register` into :mod:`tvm_streamk.fixup_registry`, where the decision
+layer, MetaSchedule and ``explain`` find it. :class:`~tvm_streamk.transform.LowerStreamK`
+drives it through the hooks below, for one annotated block whose decision
+:func:`tvm_streamk.decision.check` accepted:
 
 1. the constructor, with the analysed site, the plan, the target, the tile-row group, the tile
    body, the grid variable of a grid read at run time (None for the plan's own grid) and a
@@ -14,7 +15,8 @@ annotated block whose decision :func:`tvm_streamk.decision.check` accepted:
    building its merge through :meth:`Fixup.partial_merge`; then, on the tile body holding
    them, ``with_staged_copies(body, segment)`` (the base class's);
 3. ``after_segment(segment)`` once per segment, after the tile body (None for nothing);
-4. ``prologue()``: a kernel launched before the persistent one (None for none);
+4. ``prologue()`` and ``epilogue()``: kernels launched before and after the persistent one
+   (None for none);
 5. ``buffers``: the buffers the fix-up allocates in the function.
 
 What differs between targets (fences, atomics, how a value another block stored is read) is
@@ -65,12 +67,21 @@ class Fixup:
     orders_chunks : bool
         Whether it merges a batch-invariant kernel's chunks in chunk order (the constructor's
         ``chunks``; :mod:`tvm_streamk.decomposition.chunks`).
+    merge_kind : str
+        How the cost model prices its merges (:mod:`tvm_streamk.cost_model.model`):
+        ``"atomic"`` (each partial added in place, the split tiles zeroed first),
+        ``"last_arriver"`` (partials written, the tile's last peer reads them) or
+        ``"second_kernel"`` (partials written, a kernel after the persistent one reads them).
+    partial_trips : int
+        Times a partial tile crosses memory: written and read back (2), added in place (1).
     """
 
     name: ClassVar[str] = ""
     code: ClassVar[int] = -1
     deterministic: ClassVar[bool] = False
     orders_chunks: ClassVar[bool] = False
+    merge_kind: ClassVar[str] = "last_arriver"
+    partial_trips: ClassVar[int] = 2
     auto_rank: ClassVar[int] = 100
 
     @classmethod
@@ -205,6 +216,10 @@ class Fixup:
 
     def prologue(self) -> Any:
         """A kernel launched before the persistent one, or None."""
+        return None
+
+    def epilogue(self) -> Any:
+        """A kernel launched after the persistent one, or None."""
         return None
 
 

@@ -46,6 +46,8 @@ class AtomicFixup(fixup.Fixup):
     name = "atomic"
     code = 0
     auto_rank = 0
+    merge_kind = "atomic"
+    partial_trips = 1
 
     @classmethod
     def check(cls, site: StreamKSite, target: tvm.target.Target | None) -> None:

@@ -123,6 +123,9 @@ class WorkspaceFixup(fixup.Fixup):
     deterministic = True
     orders_chunks = True
     auto_rank = 10
+    # Whether the merge runs in a kernel of its own after the persistent one (a subclass's):
+    # then it reads no verdict, and reads the partials plainly (the launch orders them).
+    merges_in_own_kernel = False
 
     @classmethod
     def check(cls, site: StreamKSite, target=None) -> None:
@@ -405,9 +408,11 @@ class WorkspaceFixup(fixup.Fixup):
             writes=[whole(local) for _, local in copies],
         )
 
-    def _finish(self, seg: Segment) -> tirx.Stmt:
+    def _finish(self, seg: Segment, merging=None) -> tirx.Stmt:
         """The last arriver's write-back nest: per element, the sum of the tile's peers'
         partials in peer order, then the original write-back on it (epilogue included).
+        ``merging`` is the condition under which the nest runs (default: this block arrived
+        last).
 
         The last arriver reads its own partial back too (from L2, just written) rather than
         from its accumulator: keeping the accumulator live across the hand-off took dlight's
@@ -425,6 +430,8 @@ class WorkspaceFixup(fixup.Fixup):
         else:
             peers, slot = self._closed_form_walk(seg, p)
         is_last = tirx.BufferLoad(self.is_last, [int_imm(0)]) != 0
+        if merging is not None:
+            is_last = merging
         if self.lane is None:
             rewrite = self._scalar_writeback(peers, slot, p, is_last)
             lane_sum = None
@@ -476,7 +483,9 @@ class WorkspaceFixup(fixup.Fixup):
         zero = [int_imm(0)]
         total = tirx.BufferLoad(self.sum, zero)
         partial = self.memory.load_partial(
-            tirx.BufferLoad(self.workspace, [slot, self._linear(self.loops)]), self.dtype
+            tirx.BufferLoad(self.workspace, [slot, self._linear(self.loops)]),
+            self.dtype,
+            across_kernels=self.merges_in_own_kernel,
         )
         summed = [
             tirx.BufferStore(self.sum, tirx.const(0, self.dtype), zero),
@@ -522,7 +531,7 @@ class WorkspaceFixup(fixup.Fixup):
             reads=[
                 *[r for r in block.reads if not loaded_buffer(r).same_as(merged)],
                 *([whole(self.workspace)] if scalar else []),
-                whole(self.is_last),
+                *([] if self.merges_in_own_kernel else [whole(self.is_last)]),
                 whole(self.sum),
             ],
             writes=[*block.writes, *([whole(self.sum)] if scalar else [])],
@@ -643,7 +652,9 @@ class WorkspaceFixup(fixup.Fixup):
         # The slot's elements with the lanes innermost (_linear): this thread's lanes are the
         # run of its other loops' index.
         group = self._linear([lp for lp in self.loops if not self._is_lane(lp)])
-        decls, value = self.memory.read_lanes(self.workspace, slot, group, lanes, self.dtype)
+        decls, value = self.memory.read_lanes(
+            self.workspace, slot, group, lanes, self.dtype, self.merges_in_own_kernel
+        )
         everything = [tirx.Ramp(int_imm(0), 1, lanes)]
         zero = tirx.Broadcast(tirx.const(0, self.dtype), lanes)
         add = tirx.BufferStore(self.sum, tirx.BufferLoad(self.sum, everything) + value, everything)

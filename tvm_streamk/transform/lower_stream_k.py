@@ -33,7 +33,13 @@ from ..decision import DEVICE_SMS, Decision, check, record
 from ..decomposition import chunks
 from ..errors import StreamKError
 from ..memory_model import for_target
-from . import device_sms, fixup_atomic, fixup_workspace, tile_space  # noqa: F401 - registers
+from . import (  # noqa: F401 - registers
+    device_sms,
+    fixup_atomic,
+    fixup_separate,
+    fixup_workspace,
+    tile_space,
+)
 from ._ir import (
     TIR_OPS,
     Segment,
@@ -122,7 +128,7 @@ def rewrite(
         main = _aligned_nest(site, plan, fixup, strip, tile_body)
     else:
         main = _persistent_nest(site, plan, decision, fixup, strip, tile_body, device_grid, chunked)
-    nests = [tile_space.group_offsets_kernel(site), fixup.prologue(), main]
+    nests = [tile_space.group_offsets_kernel(site), fixup.prologue(), main, fixup.epilogue()]
     if device_grid is not None:
         nests = [
             tile_count_check(site, plan),

@@ -1,0 +1,142 @@
+"""The separate fix-up (issue 33, item 1): partials to a workspace, a second kernel merges them.
+
+Run on PoCL against float64 numpy with poisoned outputs for every policy on the reference and
+dlight schedules, a fused fp16 epilogue and GEMV; its structure (no counters, no fences, a
+second kernel after the persistent one), its refusals and the cost model's price. Oclgrind
+(tests/backends/test_oclgrind.py) shows it needs no documented exception, ptxas
+(tests/transform/test_ptxas.py) its registers.
+"""
+
+import numpy as np
+import pytest
+
+import tvm_streamk
+from tests.helpers import A100, FP32_TOL, OPENCL, block_idx_extents
+from tests.kernels import dlight_matmul, gemv_schedule
+from tvm_streamk import cost_model, decomposition, fixup_registry, pocl, workloads
+from tvm_streamk._compat import Schedule, dlight
+from tvm_streamk.analysis import first_site
+from tvm_streamk.errors import StreamKError
+
+POLICIES = [
+    {"policy": "stream_k"},
+    {"policy": "hybrid", "variant": "one_tile"},
+    {"policy": "hybrid", "variant": "two_tile"},
+    {"policy": "split_k", "splits": 3},
+    {"policy": "heuristic"},
+]
+IDS = ["-".join(map(str, p.values())) for p in POLICIES]
+
+
+def _check(sch, func, reference=None, tolerance=FP32_TOL):
+    args = workloads.random_args(func)
+    assert np.isnan(args[-1].astype(np.float32)).all()
+    out = pocl.run(sch.mod, *args, pipeline="tvm_streamk")[-1]
+    ref = reference(args) if reference else workloads.reference(func, args)
+    assert workloads.relative_error(out.astype(np.float64), ref) <= tolerance
+
+
+@pytest.mark.usefixtures("opencl")
+@pytest.mark.parametrize("decision", POLICIES, ids=IDS)
+def test_reference_schedule(decision):
+    # 2 x 3 tiles of 32 x 32 (the last row and column predicated), 7 panels, on 4 blocks.
+    func = workloads.gemm(45, 70, 53)
+    sch = workloads.reference_schedule(func)
+    plan = tvm_streamk.stream_k(
+        sch, "C_update", num_sms=4, fixup="separate", target=OPENCL, **decision
+    )
+    assert plan.split_tiles or decision["policy"] == "heuristic"
+    _check(sch, func)
+
+
+@pytest.mark.usefixtures("opencl")
+def test_dlight_schedule_and_gemv():
+    func = dlight_matmul(57, 100, 44, dlight.gpu.Matmul(), A100)
+    sch = Schedule(func)
+    block = first_site(sch.mod["main"]).block.name_hint
+    plan = tvm_streamk.stream_k(sch, block, num_sms=4, fixup="separate", target=OPENCL)
+    assert plan.split_tiles
+    _check(sch, func, lambda args: args[0].astype(np.float64) @ args[1])
+    func, sch = gemv_schedule(70, 512)
+    plan = tvm_streamk.stream_k(sch, "C_update", num_sms=5, fixup="separate", target=OPENCL)
+    assert plan.split_tiles
+    _check(sch, func)
+
+
+@pytest.mark.usefixtures("opencl")
+def test_fused_fp16_epilogue():
+    func = workloads.gemm(
+        96, 64, 200, in_dtype="float16", out_dtype="float16", epilogue="bias_relu"
+    )
+    sch = workloads.reference_schedule(func)
+    block = first_site(sch.mod["main"]).block.name_hint
+    tvm_streamk.stream_k(sch, block, num_sms=5, fixup="separate", target=OPENCL)
+    _check(sch, func, tolerance=2.0**-10 + FP32_TOL)
+
+
+def test_a_second_kernel_and_no_hand_off():
+    func = workloads.gemm(45, 70, 53)
+    sch = workloads.reference_schedule(func)
+    plan = tvm_streamk.stream_k(sch, "C_update", num_sms=4, fixup="separate", target=OPENCL)
+    lowered = tvm_streamk.lower(sch.mod, OPENCL)
+    script = lowered["main"].script()
+    # The persistent kernel on its grid, then one block per tile that may be split.
+    assert ("blockIdx.x", plan.grid) in block_idx_extents(lowered)
+    assert ("blockIdx.x", plan.tiles) in block_idx_extents(lowered)
+    for absent in ("sk_arrivals", "sk_last", "atomic", "fence"):
+        assert absent not in script, absent
+    # Slots as the workspace fix-up's, nothing zeroed.
+    need = fixup_registry.footprint(plan, "separate", 32 * 32, 4, 4)
+    assert need.zeroed_bytes == 0 and need.workspace_bytes == plan.workspace_slots * 32 * 32 * 4
+
+
+def test_refusals_name_the_alternative():
+    sch = workloads.reference_schedule(workloads.gemm("m", 40, 56))
+    with pytest.raises(StreamKError, match="only known at run time"):
+        tvm_streamk.stream_k(sch, "C_update", num_sms=4, fixup="separate", target=OPENCL)
+    sch = workloads.reference_schedule(workloads.gemm(64, 40, 56))
+    tvm_streamk.stream_k(sch, "C_update", num_sms="device", fixup="separate", target=OPENCL)
+    with pytest.raises(StreamKError, match="grid read at run time"):
+        tvm_streamk.lower(sch.mod, OPENCL)
+    # "auto" keeps the workspace fix-up where it applies (separate ranks after it).
+    sch = workloads.reference_schedule(workloads.gemm(64, 40, 56))
+    tvm_streamk.stream_k(sch, "C_update", num_sms=4, deterministic=True, target=OPENCL)
+    assert tvm_streamk.explain(sch, print_=False).fixup == "workspace"
+
+
+def test_the_model_prices_the_second_kernel():
+    """Its peers never wait for each other, but the tile's merge runs after the whole
+    persistent kernel, in a launch of its own."""
+    p = decomposition.plan(3, 4, num_sms=2, policy="stream_k")
+    cost = cost_model.CostParams(c_seg=4.0, c_fix=3.0, c_block=1.0)
+    separate = cost_model.predicted_time(p, cost=cost, fixup="separate")
+    workspace = cost_model.predicted_time(p, cost=cost, fixup="workspace")
+    # 6 iterations, 2 segments and a partial per block (1 + 6 + 2*4 + 3 = 18), then one wave
+    # of the second kernel for the split tile: a block, a segment and its 2 peers' partials.
+    assert separate == 18.0 + 1.0 + 4.0 + 2 * 3.0
+    assert workspace != separate
+
+
+@pytest.mark.usefixtures("opencl")
+def test_batch_invariant_bits_equal_the_workspace_fixups():
+    """Batch-invariant (issue 32), the second kernel sums each tile's chunks in chunk order, as
+    the workspace fix-up's last arriver does: the same bits, at every M and decomposition."""
+    rng = np.random.default_rng(33)
+    a_all = rng.uniform(-1, 1, (129, 392)).astype(np.float32)
+    b = rng.uniform(-1, 1, (392, 40)).astype(np.float32)
+    rows = []
+    for m, fixup, knobs in [
+        (1, "workspace", {"policy": "data_parallel", "num_sms": 2}),
+        (7, "separate", {"policy": "stream_k", "num_sms": 5}),
+        (129, "separate", {"policy": "split_k", "splits": 3, "num_sms": 2}),
+        (64, "separate", {"policy": "data_parallel", "num_sms": 3}),
+    ]:
+        sch = workloads.reference_schedule(workloads.gemm(m, 40, 392))
+        tvm_streamk.stream_k(
+            sch, "C_update", fixup=fixup, target=OPENCL, batch_invariant=True, **knobs
+        )
+        args = [a_all[:m].copy(), b, np.full((m, 40), np.nan, np.float32)]
+        out = pocl.run(sch.mod, *args, pipeline="tvm_streamk")[-1]
+        assert workloads.relative_error(out, args[0].astype(np.float64) @ b) <= FP32_TOL
+        rows.append(out[0].view(np.int32))
+    assert all((r == rows[0]).all() for r in rows[1:])
