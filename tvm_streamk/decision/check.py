@@ -26,8 +26,8 @@ def check(site, decision: Decision, target: tvm.target.Target | None = None):
     decision's plan counts chunks, :mod:`tvm_streamk.decomposition.chunks`); one K-panel
     loop; the tile-row group against the band; a grouped GEMM's and a run-time tile count's
     policies; a grid read at run time; the plan itself (its policy's domain); a tensor-core
-    fragment's aligned split; and, unless the plan is the kernel as written (which merges
-    nothing), the fix-up's own check.
+    fragment's aligned split; the target's index width; and, unless the plan is the kernel
+    as written (which merges nothing), the fix-up's own check.
 
     Raises
     ------
@@ -50,6 +50,7 @@ def check(site, decision: Decision, target: tvm.target.Target | None = None):
             f"{err} (block {site.block.name_hint!r}: {site.tiles} tiles of {site.panels} panels)",
         ) from None
     rules.check_fragment_plan(plan, site)
+    rules.check_index_width(plan, site, target)
     if not plan.scheme.is_original:
         rules.check_fixup(site, decision.fixup, target)
     return plan

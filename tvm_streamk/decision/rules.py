@@ -315,3 +315,30 @@ def check_batch_invariant(site, decision: Decision) -> None:
         + " (tvm_streamk.stream_k picks it for policy 'heuristic', 'stream_k' or "
         "'data_parallel').",
     )
+
+
+COND_INDEX_WIDTH = "index-width"
+
+
+def check_index_width(plan, site, target) -> None:
+    """Refuse a plan whose closed forms need wider integers than the target's kernels have
+    (WebGPU: 32 bits, :attr:`tvm_streamk.memory_model.MemoryModel.index_bits`)."""
+    if target is None:
+        return
+    from ..memory_model import for_target
+
+    try:
+        bits = for_target(target).index_bits
+    except StreamKError:
+        return
+    if plan.scheme.is_original or bits >= 64 or site.runtime_tiles:
+        return
+    need = plan.largest_intermediate()
+    if need >= 2 ** (bits - 1):
+        raise StreamKError(
+            COND_INDEX_WIDTH,
+            f"a {plan.label} plan of {plan.tiles} tiles x {plan.panels} panels on grid "
+            f"{plan.grid} for {_where(site)}, whose closed forms reach {need:,}, past the "
+            f"{bits}-bit integers of a {target.kind.name} kernel",
+            "Use fewer blocks (num_sms, blocks_per_sm), larger tiles, or policy='data_parallel'.",
+        )

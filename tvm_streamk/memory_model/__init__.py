@@ -9,11 +9,13 @@ stores, fences, arrives and reads, in which order) is written once, in
 from .base import MemoryModel, for_target, kinds, register
 from .cuda import CudaMemoryModel
 from .opencl import OpenCLMemoryModel
+from .webgpu import WebGPUMemoryModel
 
 __all__ = [
     "CudaMemoryModel",
     "MemoryModel",
     "OpenCLMemoryModel",
+    "WebGPUMemoryModel",
     "for_target",
     "kinds",
     "register",

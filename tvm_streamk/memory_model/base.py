@@ -22,6 +22,11 @@ class MemoryModel:
     ----------
     kind : str
         The TVM target kind (``target.kind.name``) the model is for.
+    orders_handoffs : bool
+        Whether a value one block stores can be ordered before another block's read within one
+        kernel (fences and atomics the workspace fix-up's protocol can be argued from).
+    index_bits : int
+        The widest integer the target's kernels have: closed forms needing more are refused.
     cumulative_fences : bool
         Whether one thread's device-scope fence also orders the accesses the other threads of
         its block made before a block barrier (PTX's fences are cumulative). Then a block's
@@ -37,6 +42,8 @@ class MemoryModel:
     """
 
     kind: ClassVar[str] = ""
+    orders_handoffs: ClassVar[bool] = True
+    index_bits: ClassVar[int] = 64
     cumulative_fences: ClassVar[bool] = False
     truncating_divisions: ClassVar[bool] = False
     staged_partial_reads: ClassVar[bool] = False

@@ -88,6 +88,7 @@ from .._compat import (
 from ..analysis import COND_WRITEBACK, StreamKSite, find_block_path
 from ..analysis.blocks import uses_var
 from ..errors import StreamKError
+from ..memory_model import for_target
 from . import fixup
 from ._ir import (
     INT32_MAX,
@@ -137,6 +138,16 @@ class WorkspaceFixup(fixup.Fixup):
                 f"{len(names)} blocks read the accumulator after the reduction: {names}",
                 "The workspace fix-up re-runs one write-back block per tile; fuse them into one.",
             )
+        if target is not None and not cls.merges_in_own_kernel:
+            memory = for_target(target)
+            if not memory.orders_handoffs:
+                raise StreamKError(
+                    "fixup",
+                    f"fixup={cls.name!r} on a {memory.kind} target, whose memory model orders "
+                    "no store of one block before another block's read within a kernel (the "
+                    "last arriver's hand-off cannot be argued there)",
+                    "Use fixup='separate' (or 'auto'): its partials cross a kernel boundary.",
+                )
 
     @staticmethod
     def slots(plan, blocks: int) -> int:

@@ -1,0 +1,61 @@
+"""WebGPU as a target (issue 33, item 2): plans and the ``tvm_streamk`` pipeline build WGSL.
+
+WGSL orders no store of one workgroup before another's read within a dispatch and has no float
+atomics (:mod:`tvm_streamk.memory_model.webgpu`), so the atomic and workspace fix-ups are
+refused with the reason, ``fixup="auto"`` takes ``separate`` (its partials cross a dispatch
+boundary), and closed forms needing 64-bit integers are refused. Built only: nothing here runs
+the WGSL (an executor through ``wgpu`` is issue 33, item 3, not built yet).
+"""
+
+import pytest
+import tvm
+
+import tvm_streamk
+from tvm_streamk import workloads
+from tvm_streamk.errors import StreamKError
+
+WEBGPU = tvm.target.Target("webgpu", host="llvm")
+POLICIES = [
+    {"policy": "stream_k"},
+    {"policy": "split_k", "splits": 3},
+    {"policy": "hybrid", "variant": "two_tile"},
+]
+
+
+def _wgsl(sch) -> str:
+    lib = tvm.compile(sch.mod, target=WEBGPU, tir_pipeline="tvm_streamk")
+    return lib.mod.imports[0].inspect_source()
+
+
+@pytest.mark.parametrize("decision", POLICIES, ids=lambda d: d["policy"])
+def test_auto_takes_the_separate_fixup_and_builds_wgsl(decision):
+    sch = workloads.reference_schedule(workloads.gemm(45, 70, 53))
+    plan = tvm_streamk.stream_k(sch, "C_update", num_sms=4, target=WEBGPU, **decision)
+    assert plan.split_tiles
+    assert tvm_streamk.explain(sch, print_=False).fixup == "separate"
+    source = _wgsl(sch)
+    # The persistent kernel and the merging kernel; no atomics, no 64-bit integers.
+    assert source.count("@compute") == 2, source[:2000]
+    assert "atomic" not in source and "i64" not in source
+
+
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+def test_fixups_that_need_a_hand_off_or_atomics_are_refused(fixup):
+    sch = workloads.reference_schedule(workloads.gemm(45, 70, 53))
+    with pytest.raises(StreamKError, match="WebGPU|webgpu") as err:
+        tvm_streamk.stream_k(sch, "C_update", num_sms=4, target=WEBGPU, fixup=fixup)
+    assert "separate" in str(err.value) or "atomic" in str(err.value)
+
+
+def test_a_plan_past_32_bits_is_refused():
+    sch = workloads.reference_schedule(workloads.gemm(8192, 8192, 8192))
+    with pytest.raises(StreamKError, match="past the 32-bit integers of a webgpu kernel"):
+        tvm_streamk.stream_k(sch, "C_update", num_sms=132, target=WEBGPU)
+    # The same work on data-parallel needs no closed form.
+    tvm_streamk.stream_k(sch, "C_update", num_sms=132, target=WEBGPU, policy="data_parallel")
+
+
+def test_the_compute_unit_count_is_asked_for():
+    sch = workloads.reference_schedule(workloads.gemm(45, 70, 53))
+    with pytest.raises(StreamKError, match="num_sms"):
+        tvm_streamk.stream_k(sch, "C_update", target=WEBGPU, policy="heuristic")
