@@ -172,6 +172,7 @@ def test_dlight_schedule():
     assert all((_bits(r) == _bits(rows[0])).all() for r in rows[1:])
 
 
+@pytest.mark.ptxas
 @pytest.mark.parametrize("arch", sorted(FRAGMENT_TARGETS))
 def test_tensor_core_fragments_split_one_block_per_chunk(arch):
     """A WMMA fragment cannot be addressed element by element: its batch-invariant kernel is
