@@ -40,15 +40,11 @@ class WebGPUMemoryModel(MemoryModel):
         raise ValueError(self.atomic_add_error(dtype))
 
     def handed_off(self, load, dtype: str) -> tirx.Expr:
-        raise ValueError(
-            "WGSL orders no store of one workgroup before another's read in a dispatch"
-        )
+        raise ValueError(NO_HANDOFF)
 
     def load_partial(self, load, dtype: str, across_kernels: bool = False) -> tirx.Expr:
         if not across_kernels:
-            raise ValueError(
-                "WGSL orders no store of one workgroup before another's read in a dispatch"
-            )
+            raise ValueError(NO_HANDOFF)
         return load
 
     def read_lanes(self, workspace, slot, group, lanes: int, dtype: str, across_kernels=False):
