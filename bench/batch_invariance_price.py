@@ -23,7 +23,7 @@ from bench.gpu import kernels
 from tvm_streamk import cost_model, ptxas, resources
 from tvm_streamk._compat import Schedule
 from tvm_streamk.analysis import first_site
-from tvm_streamk.decision import decode, resolve
+from tvm_streamk.decision import decode, planned_site, resolve
 
 ARCHS = {"sm_80": ("nvidia/nvidia-a100", 108), "sm_90": ("nvidia/nvidia-h100", 132)}
 # (source, M, N, K): a last wave one tile past full, and a K of several chunks.
@@ -55,9 +55,7 @@ def _measure(source, mnk, arch, policy, invariant) -> dict:
     func = sch.mod["main"]
     site = first_site(func)
     decision = decode(site.block.annotations, site.block.name_hint)
-    chunked = decision.chunk and not site.fragment_accumulator
-    view = site.chunked(decision.chunk) if chunked else site
-    cost = cost_model.cost_for(view, target, decision.fixup)
+    cost = cost_model.cost_for(planned_site(site, decision), target, decision.fixup)
     predicted = cost_model.predicted_time(
         resolve(site, decision, target), cost=cost, fixup=decision.fixup, saturation=busy
     )

@@ -19,7 +19,7 @@ from tvm import tirx
 
 from . import cost_model, decomposition, fixup_registry, ptxas, resources
 from .analysis import analyze, blocks_under, writeback_tile_shape
-from .decision import record, resolve
+from .decision import planned_site, record, resolve
 from .decomposition import Plan, chunks
 from .report import Explanation, PlanStats
 from .report import slots as _slots
@@ -364,9 +364,8 @@ def _from_kernel(
     invariant = None
     if decision.chunk:
         invariant = _invariance(site, decision, p, sizes, gpu if gpu is not None else target)
-    if decision.chunk and not site.fragment_accumulator:
-        # Priced as planned: per chunk, every chunk merged (tvm_streamk.decomposition.chunks).
-        site = site.chunked(decision.chunk)
+    # Priced as planned: a batch-invariant kernel per chunk, every chunk merged.
+    site = planned_site(site, decision)
     cost = cost_model.cost_for(site, gpu if gpu is not None else _as_target(target), decision.fixup)
     model = _heuristic(p.tiles, p.panels, decision.num_sms, decision.blocks_per_sm, cost, decision)
     if model is not None and (model.policy, model.grid, model.splits, model.variant) == (
@@ -438,9 +437,10 @@ def _invariance(site, decision, p: Plan, sizes, target) -> str:
     if p.num_sms is None or site.runtime_tiles and sizes is None:
         return text
     target = target if isinstance(target, str) else _as_target(target)
-    view = site.chunked(decision.chunk) if not site.fragment_accumulator else site
     ours = cost_model.predicted_time(
-        p, cost=cost_model.cost_for(view, target, decision.fixup), fixup=decision.fixup
+        p,
+        cost=cost_model.cost_for(planned_site(site, decision), target, decision.fixup),
+        fixup=decision.fixup,
     )
     cost = cost_model.cost_for(site, target, decision.fixup)
     tiles = site.tiles_at(sizes) if site.runtime_tiles else site.tiles

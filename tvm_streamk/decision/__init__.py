@@ -25,7 +25,7 @@ from .record import (
     stripped,
     without_decisions,
 )
-from .resolve import planned_sms, resolve
+from .resolve import planned_site, planned_sms, resolve
 
 __all__ = [
     "DEVICE_SMS",
@@ -37,6 +37,7 @@ __all__ = [
     "decide",
     "decode",
     "has_decision",
+    "planned_site",
     "planned_sms",
     "resolve",
     "stripped",

@@ -43,6 +43,15 @@ def planned_sms(decision: Decision, target: tvm.target.Target | None) -> int:
         ) from None
 
 
+def planned_site(site, decision: Decision):
+    """``site`` as ``decision`` plans and prices it: a batch-invariant plan counts chunks
+    (:meth:`~tvm_streamk.analysis.StreamKSite.chunked`); a tensor-core fragment's is the
+    aligned split of its own panels, one block per chunk, and other decisions plan panels."""
+    if decision.chunk and not site.fragment_accumulator:
+        return site.chunked(decision.chunk)
+    return site
+
+
 def resolve(
     site,
     decision: Decision,
@@ -64,10 +73,7 @@ def resolve(
         are outside its policy's domain for this site; :func:`~.check.check` turns that into a
         ``StreamKError``.
     """
-    if decision.chunk and not site.fragment_accumulator:
-        # A batch-invariant plan counts chunks (tvm_streamk.decomposition.chunks); a tensor-core
-        # fragment's is the aligned split of its own panels, one block per chunk.
-        site = site.chunked(decision.chunk)
+    site = planned_site(site, decision)
     sms = planned_sms(decision, target)
     tiles = site.tiles_at(sizes) if sizes is not None and site.runtime_tiles else None
     if site.runtime_tiles and tiles is None:
