@@ -57,3 +57,15 @@ def default_opencl():
 def oclgrind():
     """The Oclgrind simulator; its absence fails the test (``bash scripts/install-opencl``)."""
     return _require("oclgrind")
+
+
+@pytest.fixture
+def webgpu_adapter():
+    """The WebGPU adapter (lavapipe here); its absence fails the test with the probe's findings
+    and the remedy (``bash scripts/install-webgpu``, ``pip install wgpu``)."""
+    from tvm_streamk import webgpu
+
+    try:
+        return webgpu.current()
+    except webgpu.WebGPUUnavailableError as err:
+        pytest.fail(str(err), pytrace=False)

@@ -29,6 +29,23 @@ EXTRA_SHARED = 1024
 # relative to the largest output (max|out - ref| / max|ref|).
 FP32_TOL = 1e-5
 FIXUPS = ("atomic", "workspace")
+# Every concrete policy, as stream_k's keywords, and its test id.
+POLICIES = [
+    {"policy": "data_parallel"},
+    {"policy": "split_k", "splits": 3},
+    {"policy": "stream_k"},
+    {"policy": "hybrid", "variant": "one_tile"},
+    {"policy": "hybrid", "variant": "two_tile"},
+]
+POLICY_IDS = ["-".join(map(str, p.values())) for p in POLICIES]
+# Pages of docs/ whose snippets need a device the default suite does not install: their own
+# marked suite runs them (docs/webgpu.md: tests/backends/test_webgpu.py).
+DEVICE_PAGES = {"webgpu"}
+
+
+def python_snippets(page) -> list[str]:
+    """The ```python blocks of a Markdown page."""
+    return re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
 
 
 def block_idx_extents(mod: tvm.IRModule, func: str = "main") -> list[tuple[str, int]]:

@@ -10,6 +10,7 @@ import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax
+from tvm.relax.frontend import nn
 from tvm.s_tir import Schedule
 from tvm.s_tir import dlight as dl
 from tvm.s_tir import meta_schedule as ms
@@ -236,3 +237,25 @@ def te_conv(case: tuple):
     return func, lambda args: workloads.conv_reference(
         args, layout=layout, padding=padding, **geometry
     )
+
+
+class LinearBlock(nn.Module):
+    """The linear layers of a Llama decoder block (``tvm.relax.frontend.nn``), attention core
+    left out: RMSNorm, the Q, K, V and output projections, a SwiGLU MLP and the residuals."""
+
+    def __init__(self, hidden: int, ffn: int):
+        self.norm = nn.RMSNorm(hidden, axes=-1, bias=False)
+        self.q = nn.Linear(hidden, hidden, bias=False)
+        self.k = nn.Linear(hidden, hidden, bias=False)
+        self.v = nn.Linear(hidden, hidden, bias=False)
+        self.o = nn.Linear(hidden, hidden, bias=False)
+        self.gate = nn.Linear(hidden, ffn, bias=False)
+        self.up = nn.Linear(hidden, ffn, bias=False)
+        self.down = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x: nn.Tensor):
+        h = self.norm(x)
+        mixed = self.o(self.q(h) + self.k(h) * self.v(h))
+        x = x + mixed
+        h = self.norm(x)
+        return x + self.down(nn.silu(self.gate(h)) * self.up(h))

@@ -330,17 +330,18 @@ def _demo(args) -> int:
     print(f"timing (median of {args.repeat} runs) ...", flush=True)
     arrays = workloads.random_args(func, rng)
     times = {name: kernel.time(*arrays, repeat=args.repeat) for name, kernel in kernels.items()}
+    on_cpu = devices.is_cpu(device)
     t_dp = times["data-parallel"]
     width = max(map(len, times))
     for name, seconds in times.items():
-        what = "CPU time ratio" if device == "pocl" else "measured speed-up"
+        what = "CPU time ratio" if on_cpu else "measured speed-up"
         ratio = "" if name == "data-parallel" else f"   {what} {t_dp / seconds:.2f}x"
         print(f"  {name:<{width}} {seconds * 1e3:9.3f} ms{ratio}")
-    if device == "pocl":
+    if on_cpu:
         print(
-            "  (PoCL runs blocks as CPU threads: these times show that the kernels run and what "
-            "their\n   bookkeeping costs, not the speed-up a GPU would see; the model's prediction "
-            "is below)"
+            f"  ({device} runs blocks as CPU threads: these times show that the kernels run and "
+            "what their\n   bookkeeping costs, not the speed-up a GPU would see; the model's "
+            "prediction is below)"
         )
     print()
     report = explain(stream_k)

@@ -1,5 +1,8 @@
 """The device kernels run on by default: a CUDA GPU when TVM can use one, else PoCL on the CPU.
 
+``"webgpu"`` (TVM's WGSL through ``wgpu``: lavapipe's CPU Vulkan here, the machine's GPU
+elsewhere) is never the default; it runs when asked for.
+
 Examples, tutorials and the command line never assume a device. They ask
 :func:`default_device`, take the SM count from :func:`num_sms` (the multiprocessor count of the
 GPU, or the compute units of the PoCL device: the blocks each can run at once), and build with
@@ -13,7 +16,7 @@ import statistics
 import numpy as np
 import tvm
 
-from . import pocl
+from . import pocl, webgpu
 
 __all__ = [
     "DEVICES",
@@ -21,11 +24,12 @@ __all__ = [
     "compile",
     "cuda_available",
     "default_device",
+    "is_cpu",
     "num_sms",
     "target",
 ]
 
-DEVICES = ("cuda", "pocl")
+DEVICES = ("cuda", "pocl", "webgpu")
 
 
 class NoDeviceError(RuntimeError):
@@ -91,7 +95,19 @@ def _check(device: str) -> str:
         why = _no_pocl()
         if why is not None:
             raise NoDeviceError(f"device 'pocl' was asked for, but {why}")
+    if device == "webgpu":
+        why = webgpu.why_unavailable()
+        if why is not None:
+            raise NoDeviceError(f"device 'webgpu' was asked for, but {why}")
     return device
+
+
+def is_cpu(device: str) -> bool:
+    """Whether ``device`` runs its blocks as CPU threads (PoCL, lavapipe's WebGPU): its times
+    show what a kernel's bookkeeping costs, not a GPU's speed-up."""
+    if _check(device) == "pocl":
+        return True
+    return device == "webgpu" and webgpu.current().info.get("adapter_type") == "CPU"
 
 
 def num_sms(device: str) -> int:
@@ -100,8 +116,9 @@ def num_sms(device: str) -> int:
     Parameters
     ----------
     device : str
-        ``"cuda"`` (the multiprocessor count of GPU 0) or ``"pocl"`` (the PoCL device's compute
-        units).
+        ``"cuda"`` (the multiprocessor count of GPU 0), ``"pocl"`` (the PoCL device's compute
+        units) or ``"webgpu"`` (lavapipe's threads; WebGPU tells no other adapter's count, and
+        asking raises ``ValueError``: pass ``num_sms`` yourself).
 
     Returns
     -------
@@ -109,6 +126,8 @@ def num_sms(device: str) -> int:
     """
     if _check(device) == "cuda":
         return int(tvm.cuda(0).multi_processor_count)
+    if device == "webgpu":
+        return webgpu.compute_units()
     return pocl.compute_units()
 
 
@@ -116,10 +135,13 @@ def target(device: str) -> tvm.target.Target:
     """The TVM target kernels for ``device`` are compiled for.
 
     ``"cuda"`` gives the target TVM detects from GPU 0 (with its arch); ``"pocl"`` gives the
-    OpenCL target, whose source PoCL compiles (:func:`tvm_streamk.pocl.opencl_target`).
+    OpenCL target, whose source PoCL compiles (:func:`tvm_streamk.pocl.opencl_target`);
+    ``"webgpu"`` the WebGPU target (:func:`tvm_streamk.webgpu.webgpu_target`).
     """
     if _check(device) == "cuda":
         return tvm.target.Target.from_device(tvm.cuda(0))
+    if device == "webgpu":
+        return webgpu.webgpu_target()
     return pocl.opencl_target()
 
 
@@ -175,10 +197,13 @@ def compile(mod, device: str, pipeline: str = "tvm_streamk"):  # noqa: A001
     object
         ``run(*arrays)`` runs once on copies of ``arrays`` (numpy, one per parameter) and returns
         every argument after the call; ``time(*arrays, repeat=10, warmup=1)`` returns the median
-        seconds of one call. On PoCL this is a :class:`tvm_streamk.pocl.CompiledKernel`.
+        seconds of one call. On PoCL this is a :class:`tvm_streamk.pocl.CompiledKernel`, on
+        WebGPU a :class:`tvm_streamk.webgpu.CompiledShader`.
     """
     if hasattr(mod, "mod") and hasattr(mod, "trace"):
         mod = mod.mod
     if _check(device) == "pocl":
         return pocl.compile(mod, pipeline)
+    if device == "webgpu":
+        return webgpu.compile(mod, pipeline)
     return _CudaKernel(mod, pipeline, _func_name(mod))

@@ -118,14 +118,22 @@ def default(site, target, deterministic: bool = False, batch_invariant: bool = F
     for fixup in ranked:
         if wanted(fixup) and fixup.auto_ok(site, target):
             return fixup.name
-    # None applies: the best-ranked one's own check says why.
+    # None applies: each one's own check says why, all in one message.
+    refusals = []
     for fixup in ranked:
-        if wanted(fixup):
+        if not wanted(fixup):
+            continue
+        try:
             fixup.check(site, target)
+        except StreamKError as err:
+            refusals.append(f"{fixup.name}: {err.found}")
+    where = f" on {target.kind.name}" if target is not None else ""
     raise StreamKError(
         COND_FIXUP,
-        f"no registered fix-up for block {site.block.name_hint!r}",
-        f"Pass fixup= one of {list(names())} explicitly to see its refusal.",
+        f"no fix-up{where} merges the split tiles of block {site.block.name_hint!r} "
+        f"({'; '.join(refusals) or 'none registered'})",
+        "Pass policy='data_parallel' (it splits no tile and needs no fix-up), or change what "
+        "the refusals name.",
     )
 
 

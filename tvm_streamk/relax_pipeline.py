@@ -1,6 +1,7 @@
 """A Relax pipeline that compiles whole models with Stream-K where it pays off.
 
-It is TVM's default CUDA Relax pipeline with the project's dlight rules in it:
+It is TVM's default Relax pipeline for a CUDA or a WebGPU target with the project's dlight
+rules in it:
 :class:`tvm_streamk.dlight.StreamKMatmul` replaces ``gpu.Matmul`` and lets the cost model add a
 Stream-K decision to every matmul-like kernel (fused epilogues and grouped convolutions
 included); :class:`tvm_streamk.dlight.StreamKGEMV` takes the low-batch matmuls ``gpu.GEMV``
@@ -25,7 +26,25 @@ from ._compat import dlight
 from ._compat import target as as_target
 from .dlight import StreamKDepthwise, StreamKGEMV, StreamKImplicitGEMM, StreamKMatmul
 
-CUDA_BACKEND = "tvm.relax.backend.cuda.pipeline"
+# The targets the pipeline builds for, each with the TVM module of its default Relax pipeline's
+# passes (library dispatch, dataflow lowering, finalization), as ``tvm.relax.pipeline`` picks.
+BACKENDS = {
+    "cuda": "tvm.relax.backend.cuda.pipeline",
+    "webgpu": "tvm.relax.backend.gpu_generic.pipeline",
+}
+
+
+def _backend(target):
+    import importlib
+
+    kind = as_target(target).kind.name
+    if kind not in BACKENDS:
+        raise ValueError(
+            f"the Stream-K Relax pipeline builds for targets of kind {list(BACKENDS)}; found "
+            f"target kind {kind!r}. Schedule other targets with dlight and "
+            "tvm_streamk.stream_k directly."
+        )
+    return importlib.import_module(BACKENDS[kind])
 
 
 def relax_pipeline(
@@ -39,12 +58,15 @@ def relax_pipeline(
     variant=None,
     batch_invariant=False,
 ):
-    """The Relax pipeline for ``target`` (a CUDA target or tag) with Stream-K matmuls.
+    """The Relax pipeline for ``target`` (a CUDA target or tag, or a WebGPU target) with
+    Stream-K matmuls.
 
     Parameters
     ----------
     target : Target or str
-        A CUDA target; its tag gives the SM count unless ``num_sms`` is passed.
+        A CUDA target, whose tag gives the SM count unless ``num_sms`` is passed; or a WebGPU
+        target (``Target("webgpu", host="llvm")``), which needs ``num_sms`` (WebGPU does not
+        tell the compute units) and whose decisions take the separate fix-up.
     num_sms, blocks_per_sm, policy, fixup, splits, variant
         As for :func:`tvm_streamk.stream_k`.
     batch_invariant : bool
@@ -56,15 +78,13 @@ def relax_pipeline(
     tvm.transform.Pass
         The module pass to give ``tvm.compile`` as ``relax_pipeline``.
     """
-    import importlib
-
     target = as_target(target)
-    if target.kind.name != "cuda":
+    _backend(target)  # refuses other target kinds
+    if target.kind.name == "webgpu" and num_sms is None:
         raise ValueError(
-            f"relax_pipeline builds for CUDA targets; found target kind {target.kind.name!r}. "
-            "Schedule other targets with dlight and tvm_streamk.stream_k directly."
+            "relax_pipeline for a WebGPU target needs num_sms: WebGPU does not tell how many "
+            "compute units the adapter has (tvm_streamk.webgpu.compute_units() knows lavapipe's)"
         )
-    cuda = importlib.import_module(CUDA_BACKEND)
     rule = StreamKMatmul(
         num_sms,
         blocks_per_sm,
@@ -81,8 +101,8 @@ def relax_pipeline(
             passes = (
                 fusion_passes(target)
                 + [dlight.ApplyDefaultSchedule(*schedule_rules(rule))]
-                + cuda.dataflow_lower_passes(target)
-                + cuda.finalize_passes(target)
+                + _backend(target).dataflow_lower_passes(target)
+                + _backend(target).finalize_passes(target)
             )
             return tvm.transform.Sequential(passes)(mod)
 
@@ -93,10 +113,7 @@ def relax_pipeline(
 def fusion_passes(target) -> list:
     """The passes before scheduling: library dispatch, legalization and fusion; after them the
     module holds the fused TensorIR functions dlight schedules (run them under ``target``)."""
-    import importlib
-
-    cuda = importlib.import_module(CUDA_BACKEND)
-    return cuda.library_dispatch_passes(as_target(target)) + [
+    return _backend(target).library_dispatch_passes(as_target(target)) + [
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),

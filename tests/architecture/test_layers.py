@@ -15,7 +15,7 @@ LAYERS = {
     3: {"cost_model", "run_time_choice"},
     4: {"decision"},
     5: {"transform", "pipeline", "lowered_view", "resources"},
-    6: {"pocl", "device"},
+    6: {"pocl", "webgpu", "device"},
     7: {"schedule", "explain"},
     8: {
         "meta_schedule",

@@ -19,7 +19,15 @@ from tvm.s_tir import Schedule
 from tvm.script import tirx as T
 
 import tvm_streamk
-from tests.helpers import A100, FP32_TOL, H100, OPENCL, conv_reference_for
+from tests.helpers import (
+    A100,
+    FP32_TOL,
+    H100,
+    OPENCL,
+    POLICIES,
+    POLICY_IDS,
+    conv_reference_for,
+)
 from tests.kernels import (
     MS_SMS,
     dlight_matmul,
@@ -37,14 +45,6 @@ pytestmark = [pytest.mark.oclgrind, pytest.mark.usefixtures("oclgrind")]
 
 FP16_TOL = 2.0**-10 + FP32_TOL
 
-POLICIES = [
-    {"policy": "data_parallel"},
-    {"policy": "split_k", "splits": 3},
-    {"policy": "stream_k"},
-    {"policy": "hybrid", "variant": "one_tile"},
-    {"policy": "hybrid", "variant": "two_tile"},
-]
-POLICY_IDS = ["-".join(map(str, p.values())) for p in POLICIES]
 # The default suite simulates the two policies that split tiles mid-K (every fix-up path);
 # data-parallel, split-K and the one-tile hybrid run with -m slow (each case takes ~15 s).
 _DEFAULT_POLICIES = {"stream_k", "hybrid-two_tile"}
@@ -400,4 +400,19 @@ def test_separate_fixup_needs_no_documented_exception(decision):
     assert plan.split_tiles
     error, result = _checked(sch.mod, func)
     assert error <= FP32_TOL
+    assert result.accepted == ()
+
+
+@pytest.mark.parametrize("m", [1, 37])
+def test_separate_fixup_on_a_run_time_tile_count(m):
+    # The second kernel over the run-time tile count, its peers found on the host's grid.
+    func = workloads.gemm("m", 40, 56)
+    sch = workloads.reference_schedule(func, bm=16, bn=16, bk=8, tm=2, tn=2)
+    tvm_streamk.stream_k(
+        sch, "C_update", num_sms=3, blocks_per_sm=1, fixup="separate", target=OPENCL
+    )
+    args = workloads.random_args(sch.mod["main"], m=m)
+    result = oclgrind.check(sch.mod, *args, pipeline="tvm_streamk")
+    ref = workloads.reference(sch.mod["main"], args)
+    assert workloads.relative_error(result.outputs[-1], ref) <= FP32_TOL
     assert result.accepted == ()

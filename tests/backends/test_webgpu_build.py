@@ -3,8 +3,8 @@
 WGSL orders no store of one workgroup before another's read within a dispatch and has no float
 atomics (:mod:`tvm_streamk.memory_model.webgpu`), so the atomic and workspace fix-ups are
 refused with the reason, ``fixup="auto"`` takes ``separate`` (its partials cross a dispatch
-boundary), and closed forms needing 64-bit integers are refused. Built only: nothing here runs
-the WGSL (an executor through ``wgpu`` is issue 33, item 3, not built yet).
+boundary), and closed forms needing 64-bit integers are refused. Built only, with TVM's own
+``tvm.compile``; tests/backends/test_webgpu.py runs the kernels (``-m webgpu``).
 """
 
 import pytest

@@ -7,14 +7,15 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import DEVICE_PAGES, ROOT, python_snippets
 
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 SNIPPETS = [
     (page, code)
     for page in PAGES
-    for code in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+    if page.stem not in DEVICE_PAGES
+    for code in python_snippets(page)
 ]
 
 

@@ -16,6 +16,7 @@ from tvm import tirx
 from tvm.relax.frontend import nn
 
 from tests.helpers import H100
+from tests.kernels import LinearBlock
 from tvm_streamk import pocl, workloads
 from tvm_streamk._compat import dlight, param_buffers, structural_walk
 from tvm_streamk.dlight import StreamKMatmul
@@ -27,29 +28,10 @@ HIDDEN, FFN = 64, 160
 ALONE, BATCHED = 7, (129, 1000)
 
 
-class Block(nn.Module):
-    """The linear layers of a Llama decoder block, attention core left out."""
-
-    def __init__(self):
-        self.norm = nn.RMSNorm(HIDDEN, axes=-1, bias=False)
-        self.q = nn.Linear(HIDDEN, HIDDEN, bias=False)
-        self.k = nn.Linear(HIDDEN, HIDDEN, bias=False)
-        self.v = nn.Linear(HIDDEN, HIDDEN, bias=False)
-        self.o = nn.Linear(HIDDEN, HIDDEN, bias=False)
-        self.gate = nn.Linear(HIDDEN, FFN, bias=False)
-        self.up = nn.Linear(HIDDEN, FFN, bias=False)
-        self.down = nn.Linear(FFN, HIDDEN, bias=False)
-
-    def forward(self, x: nn.Tensor):
-        h = self.norm(x)
-        mixed = self.o(self.q(h) + self.k(h) * self.v(h))
-        x = x + mixed
-        h = self.norm(x)
-        return x + self.down(nn.silu(self.gate(h)) * self.up(h))
-
-
 def _fused() -> dict[str, tirx.PrimFunc]:
-    mod, _ = Block().export_tvm(spec={"forward": {"x": nn.spec.Tensor(("seq", HIDDEN), "float32")}})
+    mod, _ = LinearBlock(HIDDEN, FFN).export_tvm(
+        spec={"forward": {"x": nn.spec.Tensor(("seq", HIDDEN), "float32")}}
+    )
     with H100:
         fused = tvm.transform.Sequential(fusion_passes(H100))(mod)
     return {gv.name_hint: f for gv, f in fused.functions.items() if isinstance(f, tirx.PrimFunc)}

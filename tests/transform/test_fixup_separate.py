@@ -90,14 +90,29 @@ def test_a_second_kernel_and_no_hand_off():
     assert need.zeroed_bytes == 0 and need.workspace_bytes == plan.workspace_slots * 32 * 32 * 4
 
 
+@pytest.mark.usefixtures("opencl")
+@pytest.mark.parametrize("num_sms", [3, "device"])
+def test_run_time_tile_counts_and_grids(num_sms):
+    # One dynamic-M build at three M: the second kernel launched over the run-time tile count,
+    # finding each tile's peers by the closed forms on the grid the host computed.
+    func = workloads.gemm("m", 40, 56)
+    sch = workloads.reference_schedule(func, bm=16, bn=16, bk=8, tm=2, tn=2)
+    tvm_streamk.stream_k(
+        sch, "C_update", num_sms=num_sms, blocks_per_sm=1, fixup="separate", target=OPENCL
+    )
+    kernel = pocl.compile(sch.mod, "tvm_streamk")
+    assert len(kernel.launches) == 2, kernel
+    for m in (1, 37, 100):
+        args = workloads.random_args(sch.mod["main"], m=m)
+        out = kernel.run_repeated(*args, launches=2, poison_outputs=True)[-1][-1]
+        ref = workloads.reference(sch.mod["main"], args)
+        assert workloads.relative_error(out, ref) <= FP32_TOL, m
+
+
 def test_refusals_name_the_alternative():
-    sch = workloads.reference_schedule(workloads.gemm("m", 40, 56))
-    with pytest.raises(StreamKError, match="only known at run time"):
+    sch = workloads.reference_schedule(workloads.grouped_gemm(3, 24, 24), bm=8, bn=8, bk=8)
+    with pytest.raises(StreamKError, match="tile count only the device knows"):
         tvm_streamk.stream_k(sch, "C_update", num_sms=4, fixup="separate", target=OPENCL)
-    sch = workloads.reference_schedule(workloads.gemm(64, 40, 56))
-    tvm_streamk.stream_k(sch, "C_update", num_sms="device", fixup="separate", target=OPENCL)
-    with pytest.raises(StreamKError, match="grid read at run time"):
-        tvm_streamk.lower(sch.mod, OPENCL)
     # "auto" keeps the workspace fix-up where it applies (separate ranks after it).
     sch = workloads.reference_schedule(workloads.gemm(64, 40, 56))
     tvm_streamk.stream_k(sch, "C_update", num_sms=4, deterministic=True, target=OPENCL)

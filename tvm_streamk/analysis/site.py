@@ -61,6 +61,9 @@ class StreamKSite:
     # The decision's view of a batch-invariant kernel (:meth:`chunked`): its iterations are
     # chunks of this many K-panels; 0 for the kernel's own panels.
     chunk: int = 0
+    # The widest integer of the target's kernels (WebGPU: 32): new index arithmetic stays
+    # within it even where the band counts in int64 (a Relax-legalized function's loops).
+    index_bits: int = 64
 
     @property
     def merged(self) -> tirx.Buffer:
@@ -175,8 +178,11 @@ class StreamKSite:
 
     @property
     def index_dtype(self) -> str:
-        """The integer type of the tile band's loop variables, used for all new index arithmetic."""
-        return dtype_of(self.band[0].loop_var)
+        """The integer type of the tile band's loop variables, used for all new index
+        arithmetic; int32 on a target of 32-bit kernels (:attr:`index_bits`), whose plans the
+        decision checked to fit (``rules.check_index_width``)."""
+        dtype = dtype_of(self.band[0].loop_var)
+        return "int32" if self.index_bits == 32 and dtype == "int64" else dtype
 
     @property
     def accumulator_dtype(self) -> str:

@@ -331,8 +331,18 @@ def check_index_width(plan, site, target) -> None:
         bits = for_target(target).index_bits
     except StreamKError:
         return
-    if plan.scheme.is_original or bits >= 64 or site.runtime_tiles:
+    if plan.scheme.is_original or bits >= 64:
         return
+    if site.runtime_tiles:
+        # No compile-time bound: the closed forms are 64-bit (transform._ir.index_dtype).
+        raise StreamKError(
+            COND_INDEX_WIDTH,
+            f"a {plan.label} plan of a tile count known only at run time for {_where(site)}, "
+            f"whose closed forms take 64-bit integers, past the {bits}-bit integers of a "
+            f"{target.kind.name} kernel",
+            "Specialise the shape (one kernel per size, or per bucket of sizes), or use "
+            "policy='data_parallel'.",
+        )
     need = plan.largest_intermediate()
     if need >= 2 ** (bits - 1):
         raise StreamKError(

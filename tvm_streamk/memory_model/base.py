@@ -27,6 +27,10 @@ class MemoryModel:
         kernel (fences and atomics the workspace fix-up's protocol can be argued from).
     index_bits : int
         The widest integer the target's kernels have: closed forms needing more are refused.
+    grid_z : bool
+        Whether kernels may bind ``blockIdx.z``. Where they may not (TVM's WebGPU runtime
+        reserves it for folding wide grids), aligned split-K, which gives the splits to
+        ``blockIdx.z``, is lowered as the persistent walk of the same plan instead.
     cumulative_fences : bool
         Whether one thread's device-scope fence also orders the accesses the other threads of
         its block made before a block barrier (PTX's fences are cumulative). Then a block's
@@ -44,6 +48,7 @@ class MemoryModel:
     kind: ClassVar[str] = ""
     orders_handoffs: ClassVar[bool] = True
     index_bits: ClassVar[int] = 64
+    grid_z: ClassVar[bool] = True
     cumulative_fences: ClassVar[bool] = False
     truncating_divisions: ClassVar[bool] = False
     staged_partial_reads: ClassVar[bool] = False

@@ -9,7 +9,8 @@ from the WGSL memory model, and is refused (:attr:`orders_handoffs`). The atomic
 instruction to use (TVM 0.27's WGSL code generator emits no atomics), and is refused
 (:meth:`atomic_add_error`). The separate fix-up needs neither: its partials cross a dispatch
 boundary, which orders storage accesses (:mod:`tvm_streamk.transform.fixup_separate`).
-Closed forms must stay 32-bit (:attr:`index_bits`).
+Closed forms must stay 32-bit (:attr:`index_bits`), and ``blockIdx.z`` is the runtime's
+(:attr:`grid_z`: TVM's WGSL code generator refuses it, keeping it for wide grids).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class WebGPUMemoryModel(MemoryModel):
     kind = "webgpu"
     orders_handoffs = False
     index_bits = 32
+    grid_z = False
 
     def fence(self) -> tirx.Stmt:
         raise ValueError("WGSL has no device-scope fence (storageBarrier orders one workgroup)")

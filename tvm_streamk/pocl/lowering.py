@@ -69,6 +69,19 @@ def _attr(func, key: str):
     return func.attrs.get(key, None) if func.attrs is not None else None
 
 
+def split_lowered(name: str, func: tvm.tirx.PrimFunc, pipeline: str, target) -> tuple:
+    """``(host module, finalized device modules)`` of ``func`` built as ``name`` for
+    ``target`` through the TIR pipeline ``pipeline``: the steps of ``tvm.tirx.build`` before
+    code generation, shared by the execution backends. TVM's exceptions pass through."""
+    func = func.with_attr("global_symbol", name)
+    mod = tvm.IRModule({tvm.ir.GlobalVar(name): func})
+    pipeline_pass, _, finalize_device = get_tir_pipeline(pipeline)
+    mod = tvm.tirx.transform.BindTarget(target)(mod)
+    mod = pipeline_pass(mod)
+    host_mod, device_mods = split_host_device_mods(mod)
+    return host_mod, [finalize_device()(device_mod) for device_mod in device_mods.values()]
+
+
 def lower(name: str, func: tvm.tirx.PrimFunc, pipeline: str) -> Lowered:
     """Lower ``func`` for OpenCL through the TIR pipeline ``pipeline`` ("default" is "s_tir").
 
@@ -87,13 +100,8 @@ def lower(name: str, func: tvm.tirx.PrimFunc, pipeline: str) -> Lowered:
         func = func.without_attr("target")
     func = func.with_attr("global_symbol", name)
     target = opencl_target(host=_HOST)
-    mod = tvm.IRModule({tvm.ir.GlobalVar(name): func})
-    pipeline_pass, _, finalize_device = get_tir_pipeline(pipeline)
     try:
-        mod = tvm.tirx.transform.BindTarget(target)(mod)
-        mod = pipeline_pass(mod)
-        host_mod, device_mods = split_host_device_mods(mod)
-        device_mods = [finalize_device()(device_mod) for device_mod in device_mods.values()]
+        host_mod, device_mods = split_lowered(name, func, pipeline, target)
     except PoclError:
         raise
     except Exception as err:  # TVM reports failures as assorted builtin exception types

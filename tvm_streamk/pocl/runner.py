@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import statistics
 import warnings
 from collections.abc import Sequence
@@ -10,9 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._compat import structural_equal, structural_hash
 from . import device
 from .errors import KernelBuildError, PoclError
+from .kernel_cache import KernelCache
 from .launch import BufferArg, LaunchPlan, ScalarArg, WorkspaceArg, extract_launches
 from .lowering import Lowered, lower, select_primfunc
 from .signature import Param, check_arguments, signature
@@ -273,28 +272,12 @@ def compile(mod, pipeline: str = "default", *, func_name: str | None = None) -> 
     return CompiledKernel(lowered, params, plan)
 
 
-# Recently built kernels, so that repeated ``run``/``time`` calls on one schedule compile once.
-_CACHE_SIZE = 16
-_cache: collections.OrderedDict = collections.OrderedDict()
-
-
-def _cached(mod, pipeline: str, func_name: str | None) -> CompiledKernel:
-    name, func = select_primfunc(mod, func_name)
-    key = (structural_hash(func), name, pipeline, device.current().key)
-    for cached_func, kernel in _cache.get(key, ()):
-        if structural_equal(cached_func, func):
-            _cache.move_to_end(key)
-            return kernel
-    kernel = compile(func, pipeline, func_name=name)
-    _cache.setdefault(key, []).append((func, kernel))
-    while len(_cache) > _CACHE_SIZE:
-        _cache.popitem(last=False)
-    return kernel
+_cache = KernelCache(lambda *a, **k: compile(*a, **k), key=lambda: (device.current().key,))
 
 
 def run(mod, *arrays, pipeline: str = "default", func_name: str | None = None) -> list:
     """Build ``mod`` for PoCL (cached) and run it once; see :meth:`CompiledKernel.run`."""
-    return _cached(mod, pipeline, func_name).run(*arrays)
+    return _cache.get(mod, pipeline, func_name).run(*arrays)
 
 
 def time(  # noqa: A001
@@ -306,4 +289,4 @@ def time(  # noqa: A001
     warmup: int = 1,
 ) -> float:
     """Median kernel seconds of ``mod`` on PoCL (cached build); see :meth:`CompiledKernel.time`."""
-    return _cached(mod, pipeline, func_name).time(*arrays, repeat=repeat, warmup=warmup)
+    return _cache.get(mod, pipeline, func_name).time(*arrays, repeat=repeat, warmup=warmup)

@@ -79,12 +79,15 @@ class AtomicFixup(fixup.Fixup):
                 f"once, or accumulate in one of {list(EXACT_ENOUGH)}.",
             )
         if target is not None:
-            reason = memory_model.for_target(target).atomic_add_error(site.accumulator_dtype)
+            model = memory_model.for_target(target)
+            reason = model.atomic_add_error(site.accumulator_dtype)
             if reason is not None:
+                # Where hand-offs are not ordered either, only the separate fix-up merges.
+                other = "workspace" if model.orders_handoffs else "separate"
                 raise StreamKError(
                     COND_ATOMIC,
                     reason,
-                    "Use the workspace fix-up (fixup='workspace'), or accumulate in float32.",
+                    f"Use the {other} fix-up (fixup={other!r}), or accumulate in float32.",
                 )
 
     @classmethod

@@ -38,7 +38,17 @@ from tvm import tirx
 from ..analysis import COND_WRITEBACK, StreamKSite
 from ..errors import StreamKError
 from . import fixup, tile_space
-from ._ir import TIR_OPS, Segment, bound_loop, cast_to, fresh_definitions, seq, truncating, var
+from ._ir import (
+    TIR_OPS,
+    Segment,
+    bound_loop,
+    cast_to,
+    fresh_definitions,
+    index_dtype,
+    seq,
+    truncating,
+    var,
+)
 from .fixup_workspace import WorkspaceFixup
 
 COND_SEPARATE = "fixup"
@@ -60,15 +70,15 @@ class SeparateFixup(WorkspaceFixup):
     @classmethod
     def check(cls, site: StreamKSite, target=None) -> None:
         """Refuse a site the second kernel cannot finish: the workspace fix-up's refusals, and
-        tile counts or grids only known at run time (not built: the second kernel would need
-        the run-time grid the host computes)."""
+        a grouped GEMM's tile count, which only the device knows (not built: the host would
+        have to launch the second kernel for the tile bound)."""
         super().check(site, target)
-        if site.ragged is not None or site.runtime_tiles:
+        if site.ragged is not None:
             raise StreamKError(
                 COND_SEPARATE,
-                f"fixup='separate' for block {site.block.name_hint!r}, whose tile count is only "
-                "known at run time",
-                "Use fixup='workspace' (or 'auto'), or specialise the shape.",
+                f"fixup='separate' for the grouped GEMM block {site.block.name_hint!r}, whose "
+                "tile count only the device knows",
+                "Use fixup='workspace' (or 'auto').",
             )
         if site.fragment_accumulator:
             raise StreamKError(
@@ -90,14 +100,11 @@ class SeparateFixup(WorkspaceFixup):
     def __init__(
         self, site: StreamKSite, plan, target, group: int | None, tile_body, grid=None, chunks=None
     ):
-        if grid is not None:
-            raise StreamKError(
-                COND_SEPARATE,
-                f"fixup='separate' with a grid read at run time for block {site.block.name_hint!r}",
-                "Pass num_sms (the second kernel sizes itself from the plan), or use "
-                "fixup='workspace'.",
-            )
         super().__init__(site, plan, target, group, tile_body, grid, chunks)
+        # Under a grid the host computes at run time (a run-time tile count, num_sms="device")
+        # the second kernel finds a tile's peers by the closed forms on that grid, a scalar
+        # argument of the launch: no peer record, no hand-off.
+        self.record = self.shared_peers = self.peers = None
         if len(self.loops) == 0:
             raise StreamKError(
                 COND_WRITEBACK,
@@ -126,7 +133,7 @@ class SeparateFixup(WorkspaceFixup):
         one peer."""
         if not self.active:
             return None
-        dtype = self.site.index_dtype
+        dtype = index_dtype(self.site, self.plan, runtime_grid=self.grid is not None)
         tiles = self.plan.counter_tiles
         b = var("sk_merge_block", dtype)
         tile = var("sk_merge_tile", dtype)
@@ -142,7 +149,8 @@ class SeparateFixup(WorkspaceFixup):
             # Batch-invariant: every tile's chunks, summed in chunk order.
             merging = tirx.const(True, "bool")
         else:
-            merging = truncating(self.plan.tile_peers(cast_to(dtype, tile), TIR_OPS, None)) > 1
+            peers = self.plan.tile_peers(cast_to(dtype, tile), TIR_OPS, self.grid)
+            merging = truncating(peers) > 1
         body = seq(
             [
                 tirx.Bind(tile, b),

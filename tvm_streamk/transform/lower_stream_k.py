@@ -23,6 +23,8 @@ The pass runs first in the ``tvm_streamk`` pipeline, while blocks and ``T.init``
 
 from __future__ import annotations
 
+import dataclasses
+
 import tvm
 from tvm import tirx
 
@@ -92,6 +94,8 @@ def rewrite(
     if decision is None:
         decision = record.decode(site.block.annotations, block_name)
     plan = check(site, decision, target)
+    if target is not None and for_target(target).index_bits == 32:
+        site = dataclasses.replace(site, index_bits=32)
     chunked = chunk_grid(site, decision)
     root_realize: SBlockRealize = func.body
     root = root_realize.block
@@ -112,7 +116,9 @@ def rewrite(
         return func.with_body(structural_map(func.body, (SBlock, strip)))
 
     # A batch-invariant plan counts chunks: the persistent walk cuts them (_persistent_nest).
+    # Where blockIdx.z is not the kernel's (WebGPU), the same plan walks persistently.
     aligned = plan.aligned_splits is not None and chunked is None
+    aligned = aligned and (target is None or for_target(target).grid_z)
     # Fragments are addressed through intrinsics, not element indices: nothing to localize.
     tile_body = site.band[-1].body
     if not site.fragment_accumulator:
