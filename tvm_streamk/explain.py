@@ -19,6 +19,7 @@ from tvm import tirx
 
 from . import cost_model, decomposition, fixup_registry, ptxas, resources
 from .analysis import analyze, blocks_under, writeback_tile_shape
+from .cost_model import ragged as ragged_cost
 from .decision import planned_site, record, resolve
 from .decomposition import Plan, chunks
 from .report import Explanation, PlanStats
@@ -351,6 +352,10 @@ def _from_kernel(
             "sizes={'m': 100}) to explain it at one size"
         )
     p = resolve(site, decision, sizes=sizes)
+    if site.ragged is not None and site.ragged.reduction and not p.scheme.is_original:
+        return _ragged_explanation(
+            func_name, func, block_name, site, decision, p, sizes, tile_shape, gpu, target
+        )
     reason = "recorded on the block by tvm_streamk.stream_k"
     if site.runtime_tiles:
         reason += f" for a run-time tile count, here {p.tiles} at {sizes}"
@@ -413,6 +418,93 @@ def _from_kernel(
         )
         result = dataclasses.replace(result, stats=stats, baseline_stats=baseline)
     return dataclasses.replace(result, invariance=invariant)
+
+
+def _ragged_explanation(
+    func_name, func, block_name, site, decision, p, sizes, tile_shape, gpu, target
+) -> Explanation:
+    """A ragged reduction's report at the routing ``sizes`` gives: its Stream-K walk priced
+    tile by tile (:mod:`tvm_streamk.cost_model.ragged`), beside the kernel as written (a block
+    per tile over the panels of every token) and a data-parallel kernel over each tile's own
+    panels."""
+    space = site.ragged
+    rows = sizes["group_rows"]
+    panels = ragged_cost.tile_panels(rows, space.tokens_per_panel, space.others)
+    extent = site.panel_loop.extent
+    bound = (
+        int(extent) if isinstance(extent, tirx.IntImm) else -(-sum(rows) // space.tokens_per_panel)
+    )
+    ragged = ragged_cost.plans(panels, bound, decision.num_sms, decision.blocks_per_sm)
+    cost = cost_model.cost_for(site, gpu if gpu is not None else _as_target(target), decision.fixup)
+    times = ragged_cost.predicted_times(
+        ragged, decision.num_sms, decision.blocks_per_sm, cost_model.DEFAULT_COST, decision.fixup
+    )
+    priced = None
+    if cost.price is not None:
+        priced = ragged_cost.predicted_times(
+            ragged, decision.num_sms, decision.blocks_per_sm, cost, decision.fixup
+        )
+    shape = tile_shape if tile_shape is not None else writeback_tile_shape(func, site)
+    tile_elems = None if shape is None else math.prod(shape)
+    acc = _dtype_bytes(site.accumulator_dtype)
+    out = _dtype_bytes(str(site.writebacks[0].output.dtype))
+
+    def stats(name: str, label: str) -> PlanStats:
+        rp = ragged[name]
+        need = None
+        if tile_elems is not None:
+            need = fixup_registry.footprint(rp, decision.fixup, tile_elems, acc, out, rp.grid)
+        segments = [len(w) for w in rp.work]
+        iterations = rp.iterations_per_block
+        slots = decision.num_sms * decision.blocks_per_sm
+        return PlanStats(
+            label=label,
+            grid=rp.grid,
+            waves=-(-rp.grid // slots),
+            iterations_per_block=(min(iterations), max(iterations)),
+            segments_per_block=(min(segments), max(segments)),
+            split_tiles=len(rp.split_tiles),
+            max_peers=rp.max_peers,
+            workspace_slots=rp.workspace_slots,
+            workspace_bytes=None if need is None else need.workspace_bytes,
+            zeroed_bytes=None if need is None else need.zeroed_bytes,
+            predicted_units=times[name],
+            predicted_us=None if priced is None else priced[name],
+        )
+
+    group_panels = ragged_cost.tile_panels(rows, space.tokens_per_panel, 1)
+    per_tile = ragged_cost.predicted_times(
+        {"data_parallel_per_tile": ragged["data_parallel_per_tile"]},
+        decision.num_sms,
+        decision.blocks_per_sm,
+        cost if priced is not None else cost_model.DEFAULT_COST,
+        decision.fixup,
+    )["data_parallel_per_tile"]
+    unit = "us" if priced is not None else "units"
+    note = (
+        f"{space.groups} groups x {space.others} tiles, K-panels per group {group_panels} "
+        f"({space.tokens_per_panel} tokens each) = {sum(panels)} iterations; the baseline is the "
+        f"kernel as written, every tile over all {bound} panels; a data-parallel kernel over "
+        f"each tile's own panels is predicted {per_tile:.4g} {unit}"
+    )
+    baseline = decomposition.plan(
+        space.real_tiles, max(bound, 1), decision.num_sms, decision.blocks_per_sm, "data_parallel"
+    )
+    reason = f"recorded on the block by tvm_streamk.stream_k; {p.reason}"
+    return Explanation(
+        plan=dataclasses.replace(p, reason=reason),
+        baseline=baseline,
+        stats=stats("stream_k", p.label),
+        baseline_stats=stats("data_parallel", "data_parallel"),
+        fixup=decision.fixup,
+        tile_shape=shape,
+        accumulator_bytes=acc,
+        output_bytes=out,
+        function=func_name,
+        block=block_name,
+        gpu=None if cost.price is None else cost.price.spec.name,
+        ragged=note,
+    )
 
 
 def _heuristic(tiles, panels, num_sms, blocks_per_sm, cost, decision) -> Plan | None:

@@ -12,6 +12,13 @@ entry: inside a ``relax.BlockBuilder`` function it computes the group offsets fr
 
     y = tvm_streamk.moe.emit_moe_matmul(bb, x_sorted, w, counts, kernel)
 
+The backward pass's weight gradient, ``dW[g] = dY_gᵀ · X_g`` over the tokens routed to expert
+``g``, reduces over a different number of tokens per expert (*ragged K*):
+``grouped_weight_grad_kernel`` builds it, Stream-K balancing the experts' unequal K over the
+whole GPU (:mod:`tvm_streamk.transform.ragged_k`), and ``emit_moe_weight_grad`` calls it::
+
+    dw = tvm_streamk.moe.emit_moe_weight_grad(bb, x_sorted, dy_sorted, counts, kernel)
+
 Build the module with ``tir_pipeline="tvm_streamk"`` (and, for the rest of a model,
 ``relax_pipeline=tvm_streamk.relax_pipeline(target)``).
 """
@@ -23,7 +30,7 @@ from tvm import relax, tirx
 
 from .errors import StreamKError
 from .schedule import stream_k
-from .workloads.grouped import grouped_gemm
+from .workloads.grouped import grouped_gemm, grouped_weight_grad
 from .workloads.schedules import reference_schedule
 
 
@@ -52,13 +59,18 @@ def grouped_matmul_kernel(
     largest possible expert's every row tile). The function is marked scheduled, so dlight
     leaves it as it is.
     """
-    bm, bn, bk, tm, tn = tiles
     func = grouped_gemm(groups, N, K, layout=layout, in_dtype=in_dtype, out_dtype=out_dtype)
+    return _scheduled(func, tiles, num_sms, blocks_per_sm, policy, fixup, target)
+
+
+def _scheduled(func, tiles, num_sms, blocks_per_sm, policy, fixup, target) -> tirx.PrimFunc:
+    """``func`` under the reference schedule of ``tiles`` with its Stream-K decision, marked
+    scheduled (dlight leaves it as it is)."""
+    bm, bn, bk, tm, tn = tiles
     sch = reference_schedule(func, bm=bm, bn=bn, bk=bk, tm=tm, tn=tn)
-    block = "C_update"
     stream_k(
         sch,
-        block,
+        "C_update",
         num_sms=num_sms,
         blocks_per_sm=blocks_per_sm,
         policy=policy,
@@ -66,6 +78,36 @@ def grouped_matmul_kernel(
         target=target,
     )
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def grouped_weight_grad_kernel(
+    groups: int,
+    N: int,
+    K: int,
+    *,
+    in_dtype: str = "float32",
+    out_dtype: str | None = None,
+    tiles: tuple[int, int, int, int, int] = (32, 32, 8, 4, 4),
+    num_sms=None,
+    blocks_per_sm: int | None = None,
+    policy: str = "stream_k",
+    fixup: str = "auto",
+    target=None,
+) -> tirx.PrimFunc:
+    """The scheduled MoE weight gradient ``dW[g] = dY_gᵀ · X_g`` with its Stream-K decision.
+
+    Its arguments, in order: the tokens sorted by expert ``X (T, K)``, the output gradient
+    ``dY (T, N)`` in the same order, the group offsets ``(groups + 1,)`` (as
+    :func:`grouped_matmul_kernel`'s), and the output ``dW (groups, N, K)``; ``T`` is a run-time
+    extent. ``in_dtype`` float32, float16 or bfloat16, accumulated in float32; ``out_dtype`` a
+    cast in the write-back. ``tiles`` is ``(bn, bk, tokens per panel, tn, tk)`` of
+    :func:`~tvm_streamk.workloads.reference_schedule` (its ``bm, bn, bk, tm, tn``). The other
+    keywords are :func:`tvm_streamk.stream_k`'s; ``policy="data_parallel"`` keeps the kernel as
+    written, every tile over the panels of all the tokens (zeros past its group's). An empty
+    expert's gradient is written as zeros.
+    """
+    func = grouped_weight_grad(groups, N, K, in_dtype=in_dtype, out_dtype=out_dtype)
+    return _scheduled(func, tiles, num_sms, blocks_per_sm, policy, fixup, target)
 
 
 def emit_moe_matmul(
@@ -113,3 +155,50 @@ def emit_moe_matmul(
     gv = bb.add_func(kernel.without_attr("global_symbol"), name)
     out = relax.TensorType([x_info.shape[0], params["Y"].shape[1]], str(params["Y"].dtype))
     return bb.emit(relax.call_tir(gv, [x, w, offsets], out))
+
+
+def emit_moe_weight_grad(
+    bb: relax.BlockBuilder,
+    x: relax.Expr,
+    dy: relax.Expr,
+    counts: relax.Expr,
+    kernel: tirx.PrimFunc,
+    name: str = "moe_grouped_weight_grad",
+) -> relax.Expr:
+    """``dW[g] = dy[tokens of g]ᵀ @ x[tokens of g]`` for tokens sorted by expert, inside ``bb``'s
+    function: ``counts`` (int64, one per expert) become the group offsets on the device and
+    ``kernel`` (:func:`grouped_weight_grad_kernel`) is called on them."""
+    params = {b.name: b for b in kernel.params}
+    groups = int(params["offsets"].shape[0]) - 1
+    want_k, want_n = int(params["X"].shape[1]), int(params["dY"].shape[1])
+    infos = {"x": x.ty, "dy": dy.ty, "counts": counts.ty}
+    found = {n: (list(i.shape) if i.shape is not None else None) for n, i in infos.items()}
+
+    def static(info, axis) -> int | None:
+        if info.shape is None or info.ndim != 2 or not isinstance(info.shape[axis], tirx.IntImm):
+            return None
+        return int(info.shape[axis])
+
+    c_info = infos["counts"]
+    shapes_ok = (
+        static(infos["x"], 1) == want_k
+        and static(infos["dy"], 1) == want_n
+        and c_info.shape is not None
+        and len(c_info.shape) == 1
+        and int(c_info.shape[0]) == groups
+        and str(c_info.dtype) == "int64"
+    )
+    if not shapes_ok:
+        raise StreamKError(
+            "moe-shapes",
+            f"x, dy, counts of shapes {found} (counts {c_info.dtype}) for a weight-gradient "
+            f"kernel of {groups} experts, tokens of {want_k} features and output gradients of "
+            f"{want_n}",
+            "Pass tokens (T, K) and their output gradients (T, N) sorted by expert, and int64 "
+            "counts (G,).",
+        )
+    zero = relax.const(np.zeros(1, "int64"), "int64")
+    offsets = bb.emit(relax.op.concat([zero, relax.op.cumsum(counts, axis=0, dtype="int64")]))
+    gv = bb.add_func(kernel.without_attr("global_symbol"), name)
+    out = relax.TensorType([groups, want_n, want_k], str(params["dW"].dtype))
+    return bb.emit(relax.call_tir(gv, [x, dy, offsets], out))

@@ -106,6 +106,9 @@ class Explanation:
     invariance : str or None
         A batch-invariant kernel's chunk grid and what the mode costs, as predicted; None for
         other kernels.
+    ragged : str or None
+        A ragged reduction's panels per group at the routing explained, and what the model
+        predicts for a data-parallel kernel over each tile's own panels; None for other kernels.
     """
 
     plan: Plan
@@ -123,6 +126,7 @@ class Explanation:
     roofline_us: float | None = None
     unpriced: str | None = None
     invariance: str | None = None
+    ragged: str | None = None
 
     @property
     def slots(self) -> int | None:
@@ -173,6 +177,7 @@ class Explanation:
             "gpu": self.gpu,
             "unpriced": self.unpriced,
             "batch_invariance": self.invariance,
+            "ragged": self.ragged,
             "predicted_us": {
                 "plan": self.stats.predicted_us,
                 "data_parallel": self.baseline_stats.predicted_us,
@@ -193,27 +198,21 @@ class Explanation:
             device = "no SM count (waves and predictions need one)"
         else:
             device = f"{p.num_sms} SMs x {p.blocks_per_sm} block(s)/SM = {self.slots} slots"
+        work = (
+            f"{_count(p.tiles, 'tile')}{tile} x {_count(p.panels, 'K-panel')} = "
+            f"{_count(p.iterations, 'iteration')}"
+            if self.ragged is None
+            else f"{_count(self.baseline.tiles, 'tile')}{tile}, K ragged"
+        )
         lines = [
             f"Stream-K decomposition{where}",
-            f"  work      {_count(p.tiles, 'tile')}{tile} x {_count(p.panels, 'K-panel')} = "
-            f"{_count(p.iterations, 'iteration')}",
+            f"  work      {work}",
+            *_wrapped("ragged K", self.ragged),
             f"  device    {device}",
             f"  policy    {self.stats.label}",
-            *textwrap.wrap(
-                p.reason or "no reason recorded",
-                width=96,
-                initial_indent="  why       ",
-                subsequent_indent="            ",
-                break_on_hyphens=False,
-            ),
+            *_wrapped("why", p.reason or "no reason recorded"),
             f"  fixup     {self.fixup}",
-            *textwrap.wrap(
-                self.invariance or "",
-                width=96,
-                initial_indent="  invariant ",
-                subsequent_indent="            ",
-                break_on_hyphens=False,
-            ),
+            *_wrapped("invariant", self.invariance),
             *_occupancy_lines(self.occupancy),
             *_gpu_lines(self.gpu, self.roofline_us, self.unpriced),
             "",
@@ -235,6 +234,17 @@ class Explanation:
             + ")"
         )
         return "\n".join(lines)
+
+
+def _wrapped(label: str, text: str | None) -> list[str]:
+    """``text`` under ``label`` in the report's column, wrapped at 96 (nothing for None)."""
+    return textwrap.wrap(
+        text or "",
+        width=96,
+        initial_indent=f"  {label:<10}",
+        subsequent_indent="            ",
+        break_on_hyphens=False,
+    )
 
 
 def _occupancy_lines(occ: dict | None) -> list[str]:

@@ -416,3 +416,20 @@ def test_separate_fixup_on_a_run_time_tile_count(m):
     ref = workloads.reference(sch.mod["main"], args)
     assert workloads.relative_error(result.outputs[-1], ref) <= FP32_TOL
     assert result.accepted == ()
+
+
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+def test_ragged_k_weight_gradient(fixup):
+    # A grouped weight gradient (ragged K): uneven groups, an empty one (written as zeros),
+    # one below a K-panel, one split across blocks; the iteration offsets written by the
+    # prologue and searched by every block, the per-tile panel counts of the fix-ups.
+    counts = [9, 0, 30, 1, 5]
+    func = workloads.grouped_weight_grad(len(counts), 24, 40)
+    sch = workloads.reference_schedule(func, bm=8, bn=8, bk=8, tm=2, tn=2)
+    tvm_streamk.stream_k(
+        sch, "C_update", num_sms=3, blocks_per_sm=1, fixup=fixup, policy="stream_k", target=OPENCL
+    )
+    args = workloads.grouped_weight_grad_args(counts, 24, 40, rng=np.random.default_rng(5))
+    result = oclgrind.check(sch.mod, *args, pipeline="tvm_streamk")
+    ref = workloads.grouped_weight_grad_reference(*args[:3])
+    assert workloads.relative_error(result.outputs[-1], ref) <= FP32_TOL

@@ -20,7 +20,14 @@ from .blocks import (
     sblock_rv,
 )
 from .gemm_axes import GemmAxes, gemm_axes, is_depthwise
-from .ragged import COND_RAGGED, RAGGED_ATTR, RAGGED_SCOPE, RaggedSpace, ragged_views
+from .ragged import (
+    COND_RAGGED,
+    RAGGED_ATTR,
+    RAGGED_SCOPE,
+    RaggedReduction,
+    RaggedSpace,
+    ragged_views,
+)
 from .site import (
     COND_ACCUMULATOR,
     COND_ATOMIC,
@@ -55,6 +62,7 @@ __all__ = [
     "RAGGED_ATTR",
     "RAGGED_SCOPE",
     "REGISTER_SCOPES",
+    "RaggedReduction",
     "RaggedSpace",
     "StreamKSite",
     "WriteBack",

@@ -17,6 +17,15 @@ possible group. The Stream-K lowering walks only the tiles that hold rows: group
 computed on the device by a prologue kernel, and a tile index finds its group by binary search
 in them (:mod:`tvm_streamk.transform.tile_space`).
 
+A grouped *weight gradient* (:func:`tvm_streamk.workloads.grouped_weight_grad`) reads the
+views along its reduction and writes a real buffer: its tiles are the band's (a group axis
+outermost), but a tile of group ``g`` has ``ceil(rows(g) / tokens_per_panel)`` K-panels, zero
+for an empty group (*ragged K*, :class:`RaggedReduction`). The persistent walk then counts
+iterations, not tiles: group ``g`` holds ``tiles_per_group * panels(g)`` of them, their prefix
+sums are written on the device by the same prologue kernel, and an iteration finds its group
+by the same binary search. For the decision an iteration is one panel of one tile, so a ragged
+reduction is planned as a grouped GEMM's tile space is: a count only the device knows.
+
 Preconditions the kernel relies on, as CUTLASS's and MLC's grouped GEMMs do: ``offsets`` is
 non-decreasing from 0 and ``offsets[G]`` is at most the real buffers' row count.
 """
@@ -27,7 +36,16 @@ from dataclasses import dataclass
 
 from tvm import tirx
 
-from .._compat import SBlock, SBlockRealize, arith, dtype_of, structural_map, structural_walk
+from .._compat import (
+    BufferLoadNode,
+    SBlock,
+    SBlockRealize,
+    arith,
+    dtype_of,
+    loaded_buffer,
+    structural_map,
+    structural_walk,
+)
 from ..errors import StreamKError
 from .blocks import uses_var
 
@@ -134,19 +152,8 @@ def ragged_views(func: tirx.PrimFunc) -> RaggedViews | None:
     return RaggedViews(offsets=offsets, views=tuple(pairs))
 
 
-@dataclass(frozen=True, eq=False)
-class RaggedSpace:
-    """The tile space of a grouped Stream-K site (see the module docstring)."""
-
-    views: RaggedViews
-    group_axis: int | None  # the band loop that walks the groups (None for one group)
-    row_axis: int  # the band loop that walks a group's row tiles
-    tile_rows: int  # rows per tile
-    row_bound: tirx.Expr  # the most rows a group may have (the views' row extent)
-    total_rows: tirx.Expr  # the real buffers' row extent
-    other_extents: tuple[int, ...]  # the band's other extents, in band order
-    tile_offsets: tirx.Buffer  # (G + 1,) int64, written by the lowering's prologue
-    tiles: tirx.Var  # the kernel's tile count, read from tile_offsets[G]
+class _Grouped:
+    """What both ragged spaces count by: their groups and the band's other tiles."""
 
     @property
     def groups(self) -> int:
@@ -158,6 +165,24 @@ class RaggedSpace:
         for e in self.other_extents:
             out *= e
         return out
+
+
+@dataclass(frozen=True, eq=False)
+class RaggedSpace(_Grouped):
+    """The tile space of a grouped Stream-K site (see the module docstring)."""
+
+    # Rows are ragged (a grouped GEMM); :class:`RaggedReduction` has a ragged K.
+    reduction = False
+
+    views: RaggedViews
+    group_axis: int | None  # the band loop that walks the groups (None for one group)
+    row_axis: int  # the band loop that walks a group's row tiles
+    tile_rows: int  # rows per tile
+    row_bound: tirx.Expr  # the most rows a group may have (the views' row extent)
+    total_rows: tirx.Expr  # the real buffers' row extent
+    other_extents: tuple[int, ...]  # the band's other extents, in band order
+    tile_offsets: tirx.Buffer  # (G + 1,) int64, written by the lowering's prologue
+    tiles: tirx.Var  # the kernel's tile count, read from tile_offsets[G]
 
     def group_tiles(self, group) -> tirx.Expr:
         """The tiles of ``group`` (int64): its row tiles times the band's other tiles."""
@@ -178,6 +203,65 @@ class RaggedSpace:
         row_tiles = tirx.floordiv(_int64(self.total_rows) + (per - 1), per)
         return (row_tiles + _int64(self.groups)) * _int64(self.others)
 
+    @property
+    def counter_tiles(self) -> tirx.Expr:
+        """The tiles a fix-up keeps a counter for: at most :attr:`tile_bound`."""
+        return self.tile_bound
+
+
+@dataclass(frozen=True, eq=False)
+class RaggedReduction(_Grouped):
+    """The iteration space of a Stream-K site whose K is ragged (module docstring).
+
+    ``tiles``, ``tile_offsets``, ``tile_bound`` and :meth:`group_tiles` count *iterations*
+    (one K-panel of one tile), as :class:`RaggedSpace`'s count tiles: the walk's units.
+    """
+
+    reduction = True
+    views: RaggedViews
+    tokens_per_panel: int  # the reduction rows one K-panel covers
+    row_bound: tirx.Expr  # the most rows a group may have (the views' row extent)
+    total_rows: tirx.Expr  # the real buffers' row extent
+    other_extents: tuple[int, ...]  # the band's extents after the group axis
+    tile_offsets: tirx.Buffer  # (G + 1,) int64 iteration offsets, written by the prologue
+    tiles: tirx.Var  # the kernel's iteration count, read from tile_offsets[G]
+
+    @property
+    def real_tiles(self) -> int:
+        """The band's tiles: ``groups * others``, a compile-time count."""
+        return self.groups * self.others
+
+    @property
+    def counter_tiles(self) -> int:
+        return self.real_tiles
+
+    def group_panels(self, group) -> tirx.Expr:
+        """The K-panels of every tile of ``group`` (int64): ``ceil(rows / tokens_per_panel)``."""
+        rows = self.views.rows(group, self.row_bound)
+        per = _int64(self.tokens_per_panel)
+        return tirx.floordiv(rows + (per - 1), per)
+
+    def group_tiles(self, group) -> tirx.Expr:
+        """The iterations of ``group`` (int64): its tiles times their panels."""
+        return self.group_panels(group) * _int64(self.others)
+
+    def panels_for(self, group_rows) -> list[int]:
+        """Each group's K-panels when the groups hold ``group_rows`` rows."""
+        per = self.tokens_per_panel
+        return [(max(int(r), 0) + per - 1) // per for r in group_rows]
+
+    def tiles_for(self, group_rows) -> int:
+        """The iteration count when the groups hold ``group_rows`` rows."""
+        return sum(self.panels_for(group_rows)) * self.others
+
+    @property
+    def tile_bound(self) -> tirx.Expr:
+        """At most this many iterations (int64): the panels over groups are below
+        ``ceil(total_rows / tokens_per_panel) + G`` when the offsets are valid."""
+        per = _int64(self.tokens_per_panel)
+        panels = tirx.floordiv(_int64(self.total_rows) + (per - 1), per)
+        return (panels + _int64(self.groups)) * _int64(self.others)
+
 
 def ragged_space(
     func: tirx.PrimFunc, band: tuple[tirx.For, ...], writebacks, realize_of
@@ -190,11 +274,8 @@ def ragged_space(
     stores = [(wb, declared.real_of(wb.output)) for wb in writebacks]
     stores = [(wb, real) for wb, real in stores if real is not None]
     if not stores:
-        _refuse(
-            f"a function declaring ragged views {[v.name for v, _ in declared.views]} whose "
-            f"write-back stores {[wb.output.name for wb in writebacks]}",
-            "Write the grouped output through its view.",
-        )
+        # The views are read along the reduction, or not at all: ragged_reduction's to say.
+        return None
     wb, real = stores[0]
     index = _store_index(wb.block, wb.output, realize_of(wb.block))
     band_vars = [loop.loop_var for loop in band]
@@ -240,6 +321,93 @@ def ragged_space(
         other_extents=tuple(others),
         tile_offsets=tirx.decl_buffer((declared.groups + 1,), "int64", name="sk_tile_offsets"),
         tiles=tirx.Var("sk_tiles", "int64"),
+    )
+
+
+def ragged_reduction(
+    func: tirx.PrimFunc, band: tuple[tirx.For, ...], panel: tirx.For, writebacks, realize_of
+) -> RaggedReduction | None:
+    """The ragged iteration space of a site whose reduction reads ragged views (None when
+    ``func`` declares no views); ``realize_of(block)`` is the block's realize.
+
+    Every view read under the panel loop must index the group by the band's outermost loop and
+    the row by ``panel * tokens_per_panel`` plus rows within the panel; the write-back stores a
+    real buffer.
+    """
+    declared = ragged_views(func)
+    if declared is None:
+        return None
+    todo = (
+        "Write the grouped output through its view (a grouped GEMM), or read the views along "
+        "the reduction into a real output (a grouped weight gradient, "
+        "tvm_streamk.workloads.grouped_weight_grad)."
+    )
+    if any(declared.real_of(wb.output) is not None for wb in writebacks):
+        return None
+    band_vars = [loop.loop_var for loop in band]
+    found = []  # (view, index) of every view read under the panel loop
+
+    def on_realize(realize: SBlockRealize) -> None:
+        block = realize.block
+        binding = {iv.var: value for iv, value in zip(block.iter_vars, realize.iter_values)}
+
+        def bound(v):
+            return next((val for var, val in binding.items() if var.same_as(v)), v)
+
+        def on_load(load) -> None:
+            view = loaded_buffer(load)
+            if declared.real_of(view) is not None:
+                found.append((view, [structural_map(i, (tirx.Var, bound)) for i in load.indices]))
+
+        structural_walk(block.body, (BufferLoadNode, on_load))
+
+    structural_walk(panel.body, (SBlockRealize, on_realize))
+    if not found:
+        _refuse(
+            f"a function declaring ragged views {[v.name for v, _ in declared.views]} whose "
+            f"write-back stores {[wb.output.name for wb in writebacks]} and whose panel loop "
+            "reads no view",
+            todo,
+        )
+    per_panel = None
+    for view, index in found:
+        if _axis_of(index[0], band_vars) != 0:
+            _refuse(
+                f"the group index {index[0]} of the view {view.name} read along the reduction "
+                "is not the outermost tile band loop",
+                "Bind the group axis of the grouped weight gradient to the outermost blockIdx "
+                "loop (tvm_streamk.workloads.reference_schedule does).",
+            )
+        tokens = _tile_rows(index[1], panel.loop_var)
+        if per_panel not in (None, tokens):
+            _refuse(
+                f"views read {per_panel} and {tokens} rows per K-panel",
+                "Read every view with the same K-panel depth.",
+            )
+        per_panel = tokens
+    others = []
+    for loop in band[1:]:
+        if not isinstance(loop.extent, tirx.IntImm):
+            _refuse(
+                f"band loop {loop.loop_var.name} of the run-time extent {loop.extent}",
+                "Only the reduction of a grouped weight gradient is ragged: keep N and K static.",
+            )
+        others.append(int(loop.extent))
+    if int(band[0].extent) != declared.groups:
+        _refuse(
+            f"group loop {band_vars[0].name} of extent {band[0].extent} for "
+            f"{declared.groups} groups",
+            "Walk every group with the group loop.",
+        )
+    view, real = declared.views[0]
+    return RaggedReduction(
+        views=declared,
+        tokens_per_panel=per_panel,
+        row_bound=view.shape[1],
+        total_rows=real.shape[0],
+        other_extents=tuple(others),
+        tile_offsets=tirx.decl_buffer((declared.groups + 1,), "int64", name="sk_iteration_offsets"),
+        tiles=tirx.Var("sk_iterations", "int64"),
     )
 
 

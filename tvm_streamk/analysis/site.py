@@ -54,7 +54,8 @@ class StreamKSite:
     # The panel loop and the serial loops perfectly nested in it that iterate further reduction
     # axes (a convolution's rh, rw, rc): the K-panel loop is their fusion (see _panel_chain).
     panel_chain: tuple[tirx.For, ...] = ()
-    # A grouped GEMM's tile space (``analysis.ragged``): its tile count is read on the device.
+    # A grouped GEMM's tile space, or a grouped weight gradient's iteration space (``analysis.
+    # ragged``: ``ragged.reduction``): its count is read on the device.
     ragged: object | None = None
     # The function the block was found in (for what only its whole body tells: the tile shape).
     func: tirx.PrimFunc | None = field(default=None, compare=False, repr=False)
@@ -159,12 +160,22 @@ class StreamKSite:
         :meth:`chunked` the chunks it is cut into."""
         if self.chunk:
             return chunks.chunk_count(self.kernel_panels, self.chunk)
+        if self.ragged is not None and self.ragged.reduction:
+            # Ragged K: the walk counts iterations, each one panel of one tile.
+            return 1
         return self.kernel_panels
 
     @property
     def kernel_panels(self) -> int:
         """The panel loop's extent, whatever the view."""
-        return int(self.panel_loop.extent)
+        extent = self.panel_loop.extent
+        if not isinstance(extent, tirx.IntImm):
+            raise StreamKError(
+                COND_RUNTIME_TILES,
+                f"the panel count {extent} of a ragged reduction is only known at run time",
+                "This step needs a compile-time panel count: specialise the token count.",
+            )
+        return int(extent)
 
     def chunked(self, chunk: int) -> StreamKSite:
         """The site as a batch-invariant decision plans it: ``panels`` counts chunks of

@@ -31,7 +31,7 @@ from .blocks import (
     uses_var,
     writes,
 )
-from .ragged import RAGGED_SCOPE, ragged_space
+from .ragged import RAGGED_SCOPE, ragged_reduction, ragged_space
 from .site import (
     COND_ACCUMULATOR,
     COND_BAND,
@@ -216,9 +216,12 @@ def analyze(func: tirx.PrimFunc, block_name: str) -> StreamKSite:
             "reverse_compute_at under the thread loops).",
         )
     _check_accumulator_private(func, band, acc)
-    ragged = ragged_space(
-        func, tuple(band), writebacks, lambda b: find_block_path(func, b.name_hint)[-1]
+    realize_of = lambda b: find_block_path(func, b.name_hint)[-1]  # noqa: E731
+    ragged = ragged_space(func, tuple(band), writebacks, realize_of) or ragged_reduction(
+        func, tuple(band), panel, writebacks, realize_of
     )
+    if not isinstance(panel.extent, tirx.IntImm) and not (ragged is not None and ragged.reduction):
+        _refuse_panel_range(panel)
     return StreamKSite(
         block=block,
         band=tuple(band),
@@ -348,6 +351,15 @@ def _check_not_inside_a_reduction(path) -> None:
         )
 
 
+def _refuse_panel_range(loop: tirx.For):
+    raise StreamKError(
+        COND_PANEL,
+        f"the panel loop {loop.loop_var.name} runs over [{loop.min}, {loop.min} + {loop.extent})",
+        "Stream-K needs a compile-time panel count starting at 0 (a run-time one only where "
+        "the reduction reads ragged views: a grouped weight gradient): specialise K.",
+    )
+
+
 def _panel_loop(block, inner_loops, reduce_vars, spatial_values) -> tirx.For:
     for loop in inner_loops:
         if any(uses_var(v, loop.loop_var) for v in reduce_vars):
@@ -363,13 +375,8 @@ def _panel_loop(block, inner_loops, reduce_vars, spatial_values) -> tirx.For:
                     f"the panel loop {loop.loop_var.name} also indexes output axes",
                     "Split K into its own loop.",
                 )
-            if not isinstance(loop.extent, tirx.IntImm) or not is_zero(loop.min):
-                raise StreamKError(
-                    COND_PANEL,
-                    f"the panel loop {loop.loop_var.name} runs over [{loop.min}, "
-                    f"{loop.min} + {loop.extent})",
-                    "Stream-K needs a compile-time panel count starting at 0: specialise K.",
-                )
+            if not is_zero(loop.min):
+                _refuse_panel_range(loop)
             return loop
     raise StreamKError(
         COND_PANEL,

@@ -45,7 +45,10 @@ def traits_of(site: StreamKSite) -> KernelTraits:
             f"the tile shape of block {site.block.name_hint!r} is not a constant (its write-back "
             "is not affine in the tile's loops)"
         )
-    depth = _reduction_depth(site)
+    ragged_k = site.ragged is not None and site.ragged.reduction
+    # A ragged reduction's K is each group's tokens, known on the device: priced per K-panel
+    # (its iterations), the GEMM's K taken as one panel (cost_model.ragged sums the panels).
+    depth = site.ragged.tokens_per_panel if ragged_k else _reduction_depth(site)
     output = site.writebacks[0].output
     dims = [int(d) if isinstance(d, tirx.IntImm) else None for d in output.shape]
     n = dims[-1] if dims[-1] is not None else shape[-1]
@@ -53,7 +56,7 @@ def traits_of(site: StreamKSite) -> KernelTraits:
     return KernelTraits(
         tile_m=math.prod(shape[:-1]),
         tile_n=shape[-1],
-        panel_k=-(-depth // site.panels),
+        panel_k=depth if ragged_k else -(-depth // site.panels),
         in_dtype=_operand_dtype(site),
         acc_dtype=site.accumulator_dtype,
         out_dtype=str(output.dtype),
@@ -61,7 +64,7 @@ def traits_of(site: StreamKSite) -> KernelTraits:
         m=rows,
         n=n,
         k=depth,
-        input_bytes=_input_bytes(site) if rows else None,
+        input_bytes=_input_bytes(site) if rows and not ragged_k else None,
     )
 
 

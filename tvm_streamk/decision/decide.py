@@ -133,6 +133,7 @@ def decide(
     validate(request)
     chunk = 0
     if request.batch_invariant:
+        rules.check_invariant_ragged(site)
         # Every decomposition below plans over the chunk grid (decomposition.chunks); a
         # tensor-core fragment's is the aligned split of its own panels (_invariant_fragment).
         chunk = chunks.chunk_panels(site.kernel_panels)
@@ -181,7 +182,14 @@ def decide(
             f"{chosen.reason}; batch-invariant: K in {count} chunk(s) of {chunk} panels, each "
             f"summed from zero and merged in chunk order ({counted} counts chunks)"
         )
-    if site.ragged is not None and not chosen.scheme.is_original:
+    if site.ragged is not None and site.ragged.reduction and not chosen.scheme.is_original:
+        chosen = chosen.with_reason(
+            "Stream-K over the ragged K of a grouped weight gradient: each tile has its group's "
+            "panels, their iterations are counted on the device, and the persistent grid walks "
+            "equal slices of them (the kernel as written runs every tile over the panels of "
+            "all the tokens)"
+        )
+    elif site.ragged is not None and not chosen.scheme.is_original:
         chosen = chosen.with_reason(
             "Stream-K over the grouped GEMM's tiles: their count is known only on the device, "
             "so the grid is the persistent one and the kernel reads the count from the group "

@@ -125,6 +125,11 @@ def check_group(group: int | None, site) -> None:
         )
 
 
+def _grouped(site) -> str:
+    """What a ragged site is called in messages."""
+    return "grouped weight gradient" if site.ragged.reduction else "grouped GEMM"
+
+
 def check_ragged(site, policy: str) -> None:
     """Refuse a decision a grouped GEMM cannot take.
 
@@ -137,7 +142,7 @@ def check_ragged(site, policy: str) -> None:
     if not walks_run_time_tiles(policy):
         raise StreamKError(
             COND_RAGGED,
-            f"policy={policy!r} for the grouped GEMM of {_where(site)}, whose tile count only "
+            f"policy={policy!r} for the {_grouped(site)} of {_where(site)}, whose tile count only "
             "the device knows",
             f"Pass {_run_time_capable()}.",
         )
@@ -145,9 +150,18 @@ def check_ragged(site, policy: str) -> None:
     if site.fragment_accumulator and not original:
         raise StreamKError(
             COND_RAGGED,
-            f"a tensor-core fragment accumulator in the grouped GEMM of {_where(site)}",
+            f"a tensor-core fragment accumulator in the {_grouped(site)} of {_where(site)}",
             "Fragments take only aligned splits fixed at compile time: use policy="
             "'data_parallel', or accumulate in registers.",
+        )
+    if site.ragged.reduction and not original and site.init_block is None:
+        raise StreamKError(
+            COND_RAGGED,
+            f"the grouped weight gradient of {_where(site)} initialises its accumulator inside "
+            "the update block (T.init)",
+            "The tiles of an empty group are written from the initial zero alone: "
+            "decompose_reduction at the panel loop (tvm_streamk.workloads.reference_schedule "
+            "does), or use policy='data_parallel'.",
         )
 
 
@@ -243,6 +257,25 @@ def invariant_fixups() -> list[str]:
     return [n for n in fixup_registry.names() if fixup_registry.get(n).orders_chunks]
 
 
+def check_invariant_ragged(site) -> None:
+    """Refuse batch invariance for a grouped GEMM or a ragged reduction, with the reason."""
+    if site.ragged is None:
+        return
+    raise StreamKError(
+        COND_BATCH_INVARIANT,
+        f"batch_invariant=True for the {_grouped(site)} of {_where(site)}",
+        (
+            "Not built for a ragged K: where Stream-K splits a group's tiles depends on the "
+            "other groups' token counts and the grid. Drop batch_invariant; "
+            "policy='data_parallel' sums every tile in token order in one block, the same "
+            "bits whatever the other groups hold."
+        )
+        if site.ragged.reduction
+        else "Not built for grouped GEMMs: drop batch_invariant (a row's bits then depend "
+        "on its group's row count), or run each group as its own GEMM.",
+    )
+
+
 def check_batch_invariant_fixup(fixup: str) -> None:
     """Refuse a fix-up that cannot keep the canonical order of a batch-invariant kernel (what
     the primitive checks before it looks at the schedule, and :func:`check_batch_invariant`
@@ -290,13 +323,7 @@ def check_batch_invariant(site, decision: Decision) -> None:
             f"Record a chunk of at most {panels} panels (tvm_streamk.stream_k records "
             f"{chunks.chunk_panels(panels)}).",
         )
-    if site.ragged is not None:
-        raise StreamKError(
-            COND_BATCH_INVARIANT,
-            f"batch_invariant=True for the grouped GEMM of {_where(site)}",
-            "Not built for grouped GEMMs: drop batch_invariant (a row's bits then depend on its "
-            "group's row count), or run each group as its own GEMM.",
-        )
+    check_invariant_ragged(site)
     check_batch_invariant_fixup(decision.fixup)
     if not site.fragment_accumulator:
         return

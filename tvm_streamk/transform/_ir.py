@@ -17,7 +17,8 @@ from .._compat import (
     structural_map,
     structural_walk,
 )
-from ..errors import HOST_CHECK
+from ..analysis.site import COND_RUNTIME_TILES
+from ..errors import HOST_CHECK, StreamKError
 
 
 class TirOps:
@@ -88,6 +89,14 @@ class Segment:
     k_end: tirx.Var
     full: tirx.Var  # the segment covers every panel of its tile
     chunk: tirx.Var | None = None  # a batch-invariant kernel's chunk (the segment covers it)
+    # The K-panels of the segment's tile where tiles differ (a ragged reduction); None: the
+    # site's panel count.
+    panels: tirx.Expr | None = None
+
+
+def tile_panels(site, seg: Segment):
+    """The K-panels of ``seg``'s tile: its own where the reduction is ragged, else the site's."""
+    return site.panels if seg.panels is None else seg.panels
 
 
 def int_imm(value, dtype: str = "int32") -> tirx.IntImm:
@@ -269,6 +278,9 @@ def tile_bound(site, plan: decomposition.Plan):
     expression of the run-time sizes (a grouped GEMM's bound from its rows)."""
     if not site.runtime_tiles:
         return int(plan.tiles)
+    if site.ragged is not None and site.ragged.reduction:
+        # A ragged reduction walks the band's tiles; its run-time count is of iterations.
+        return site.ragged.real_tiles
     bound = site.ragged.tile_bound if site.ragged is not None else site.tile_count
     return arith.Analyzer().simplify(bound)
 
@@ -291,6 +303,8 @@ def tile_count_check(site, plan: decomposition.Plan) -> tirx.Stmt | None:
     """A host check that a run-time tile count fits the int32 segment values
     (:func:`segment_dtype`, int32 for every run-time count), raising ``ValueError`` before any
     kernel launches; None where the count is known at compile time."""
+    if site.ragged is not None and site.ragged.reduction:
+        return _panel_count_check(site.ragged)
     bound = tile_bound(site, plan)
     if isinstance(bound, int):
         return None
@@ -305,12 +319,37 @@ def tile_count_check(site, plan: decomposition.Plan) -> tirx.Stmt | None:
     )
 
 
+def _panel_count_check(space) -> tirx.Stmt | None:
+    """A host check that a ragged reduction's iterations (tiles x K-panels, at most
+    :attr:`~tvm_streamk.analysis.ragged.RaggedReduction.tile_bound` for its rows) fit the
+    int32 values its walk counts in (:mod:`.ragged_k`)."""
+    bound = arith.Analyzer().simplify(space.tile_bound)
+    if isinstance(bound, tirx.IntImm):
+        if int(bound) > INT32_MAX:
+            raise StreamKError(
+                COND_RUNTIME_TILES,
+                f"a ragged reduction of up to {int(bound)} iterations (tiles x K-panels), more "
+                "than 2**31 - 1",
+                "Use deeper K-panels or larger tiles, or split the call.",
+            )
+        return None
+    return assert_stmt(
+        bound <= tirx.IntImm(dtype_of(bound), INT32_MAX),
+        "ValueError",
+        f"{HOST_CHECK}the run-time rows give up to more than 2**31 - 1 iterations (tiles x "
+        "K-panels) of a ragged reduction, beyond its 32-bit walk; split the call into parts "
+        "of fewer rows",
+    )
+
+
 def cast_to(dtype: str, value):
     """``value`` in ``dtype`` (unchanged when it already is)."""
     return value if dtype_of(value) == dtype else tirx.Cast(dtype, value)
 
 
-def coordinates(band: tuple[tirx.For, ...], tile, group: int | None) -> list[tirx.Stmt]:
+def coordinates(
+    band: tuple[tirx.For, ...], tile, group: int | None, opaque: bool = False
+) -> list[tirx.Stmt]:
     """Statements that define the band's loop variables from a linear tile index.
 
     Coordinates are below the band's extents, so they narrow to the loops' own type exactly.
@@ -318,7 +357,8 @@ def coordinates(band: tuple[tirx.For, ...], tile, group: int | None) -> list[tir
     ``CompactBufferAllocation`` cannot bound: the tile's shared and register buffers came out
     the size of the whole matrix (30720 floats per work-item for a dlight schedule, which
     overflowed PoCL's stack). Its coordinates are read back through :func:`opaque_bind`,
-    clamped to the band, which the compaction bounds by the loop extents.
+    clamped to the band, which the compaction bounds by the loop extents; so are they with
+    ``opaque`` (a tile found through values the compaction cannot bound, a ragged reduction's).
     """
     extents = tuple(loop.extent for loop in band)
     dynamic = [i for i, e in enumerate(extents) if not isinstance(e, tirx.IntImm)]
@@ -339,7 +379,7 @@ def coordinates(band: tuple[tirx.For, ...], tile, group: int | None) -> list[tir
     stmts: list[tirx.Stmt] = []
     for loop, c, extent in zip(band, coords, extents, strict=True):
         dtype = dtype_of(loop.loop_var)
-        if group:
+        if group or opaque:
             c, defining = opaque_bind(f"{loop.loop_var.name}_sk", c, dtype, 0, extent - 1)
             stmts += defining
         stmts.append(tirx.Bind(loop.loop_var, cast_to(dtype, c)))

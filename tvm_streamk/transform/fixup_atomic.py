@@ -19,7 +19,7 @@ from .. import memory_model
 from .._compat import SBlock, SBlockRealize, dtype_of, replace_block
 from ..analysis import COND_ATOMIC, COND_EPILOGUE, StreamKSite
 from ..errors import StreamKError
-from . import fixup, tile_space
+from . import fixup, ragged_k, tile_space
 from ._ir import (
     Segment,
     bound_loop,
@@ -150,15 +150,19 @@ class AtomicFixup(fixup.Fixup):
         tile, b = var("sk_zero_tile", own), var("sk_zero_block", dtype)
 
         def zero_where_split(lo, hi, may_be_empty: bool) -> tirx.Stmt:
-            starts_inside = tirx.And(lo < hi, tirx.floormod(lo, panels) != 0)
+            if site.ragged is not None and site.ragged.reduction:
+                # Tiles of their own panel counts: the tile is found in the iteration offsets.
+                (first, inside), found = ragged_k.starting_tile(site, lo, "sk_zero_first")
+            else:
+                first, inside, found = tirx.floordiv(lo, panels), tirx.floormod(lo, panels) != 0, []
             body = seq(
                 [
-                    tirx.Bind(tile, cast_to(own, tirx.floordiv(lo, panels))),
+                    tirx.Bind(tile, cast_to(own, first)),
                     *tile_space.coordinates(site, tile, self.group),
                     zero_body,
                 ]
             )
-            return tirx.IfThenElse(starts_inside, body, None)
+            return seq([*found, tirx.IfThenElse(tirx.And(lo < hi, inside), body, None)])
 
         grid = int_imm(self.plan.grid, dtype) if self.grid is None else self.grid
         units = over_units(

@@ -102,6 +102,7 @@ from ._ir import (
     prune_to,
     seq,
     storage_sync,
+    tile_panels,
     truncating,
     var,
     whole,
@@ -197,7 +198,10 @@ class WorkspaceFixup(fixup.Fixup):
         self.chunked = chunks is not None and chunks[1] > 1
         self.active = self.chunked or grid is not None or bool(plan.split_tiles)
         # A grouped GEMM's tile count is read on the device: its counters take the bound.
-        self.counter_tiles = plan.counter_tiles if site.ragged is None else site.ragged.tile_bound
+        # A grouped GEMM's tile count is read on the device (its counters take the bound); a
+        # ragged reduction's tiles are the band's.
+        ragged = site.ragged
+        self.counter_tiles = plan.counter_tiles if ragged is None else ragged.counter_tiles
         # Slot indices in int64 where the workspace passes 2^31 elements (_chunk_slot).
         self.wide = False
         if self.chunked:
@@ -354,7 +358,7 @@ class WorkspaceFixup(fixup.Fixup):
         grid it records its place among the peers before and reads the tile's record after.
         With cumulative fences it fences before its arrival (release for the block's partial
         stores) and after (acquire for the block's reads after the next barrier)."""
-        panels = self.site.panels
+        panels = tile_panels(self.site, seg)
         covered = seg.k_end - seg.k_begin
         address = tirx.address_of(self.arrivals[seg.tile])
         old = self.memory.atomic_add("int32", address, covered)
@@ -588,7 +592,7 @@ class WorkspaceFixup(fixup.Fixup):
                     seg.k_begin == 0, tirx.BufferStore(self.record, first_slot, [index]), None
                 ),
                 tirx.IfThenElse(
-                    seg.k_end == self.site.panels,
+                    seg.k_end == tile_panels(self.site, seg),
                     tirx.BufferStore(self.record, cast_to("int32", seg.block), [index + 1]),
                     None,
                 ),

@@ -40,6 +40,7 @@ from . import (  # noqa: F401 - registers
     fixup_atomic,
     fixup_separate,
     fixup_workspace,
+    ragged_k,
     tile_space,
 )
 from ._ir import (
@@ -105,7 +106,10 @@ def rewrite(
             return replace_block(block, annotations=record.stripped(block.annotations))
         return block
 
-    whole_tiles = plan.scheme.is_original and site.ragged is not None
+    # A grouped GEMM's data-parallel kernel walks the tiles the groups hold; a ragged
+    # reduction's (a weight gradient's) is the kernel as written, its panels past a group's
+    # rows reading zeros from the views.
+    whole_tiles = plan.scheme.is_original and site.ragged is not None and not site.ragged.reduction
     if whole_tiles:
         # A grouped GEMM's data-parallel kernel: one block per tile the groups hold (the
         # closed forms of Stream-K on as many blocks as tiles), not the padded band.
@@ -238,8 +242,10 @@ def _persistent_nest(
         k_end=var("sk_k_end", own),
         full=var("sk_full", "bool"),
         chunk=var("sk_chunk", own) if chunked is not None else None,
+        panels=var("sk_tile_panels", own) if _ragged_k(site) else None,
     )
     tile, k0, k1 = seg.tile, seg.k_begin, seg.k_end
+    band_body = tile_body
     tile_body = _ranged(tile_body, site, seg, fixup, strip, k1 - k0)
 
     def chunk_walk(lo, hi, may_be_empty: bool) -> tirx.Stmt:
@@ -313,9 +319,19 @@ def _persistent_nest(
 
     grid = int_imm(plan.grid, dtype) if device_grid is None else device_grid
     walker = walk if chunked is None else chunk_walk
+    zeros = None
+    if _ragged_k(site):
+        walker = ragged_k.walker(site, seg, tile_body, fixup, decision.group or None, own)
+        zeros = ragged_k.zero_empty_tiles(
+            site, seg, band_body, seg.block, grid, decision.group or None
+        )
     units = over_units(plan, seg.block, walker, device_grid, idle=site.ragged is not None)
     # Keep the schedule's own annotations of the tile band (unroll pragmas, for instance).
-    return bound_loop(seg.block, grid, units, annotations=site.band[0].annotations)
+    return bound_loop(seg.block, grid, seq([units, zeros]), annotations=site.band[0].annotations)
+
+
+def _ragged_k(site: StreamKSite) -> bool:
+    return site.ragged is not None and site.ragged.reduction
 
 
 def _ranged(tile_body, site: StreamKSite, seg: Segment, fixup, strip, extent) -> tirx.Stmt:

@@ -38,37 +38,16 @@ def coordinates(site: StreamKSite, tile, group: int | None) -> list[tirx.Stmt]:
     """Statements that define the band's loop variables from the linear tile index ``tile``."""
     if site.ragged is None:
         return band_coordinates(site.band, tile, group)
+    if site.ragged.reduction:
+        # A ragged reduction's tiles are the band's, its group axis outermost. The tile comes
+        # from the iteration offsets: its coordinates are read back as symbols, which bound
+        # the tile body's buffers by the band's extents. (The tile itself must stay an
+        # expression of the walk's loops: a symbol would let the compaction shrink the global
+        # buffers it indexes, the counters and the peer records, to one tile's entries.)
+        return band_coordinates(site.band, tile, group, opaque=True)
     space = site.ragged
     dtype = dtype_of(tile)
-    offsets = space.tile_offsets
-    search: list[tirx.Stmt] = []
-    # Invariant: offsets[lo] <= tile < offsets[hi]; an empty group has offsets[g] ==
-    # offsets[g + 1], so the largest g with offsets[g] <= tile holds the tile.
-    lo, hi = int_imm(0, dtype), int_imm(space.groups, dtype)
-    for step in range(math.ceil(math.log2(space.groups)) if space.groups > 1 else 0):
-        mid, new_lo, new_hi = (var(f"sk_group_{n}{step}", dtype) for n in ("mid", "lo", "hi"))
-        take = cast_to(dtype, tirx.BufferLoad(offsets, [mid])) <= tile
-        search += [
-            tirx.Bind(mid, tirx.floordiv(lo + hi, 2)),
-            tirx.Bind(new_lo, tirx.Select(take, mid, lo)),
-            tirx.Bind(new_hi, tirx.Select(take, hi, mid)),
-        ]
-        lo, hi = new_lo, new_hi
-    # The search runs in a block of its own (the pipeline places the offsets' allocation by the
-    # blocks that access it) and leaves the group and the tile's index in it in registers,
-    # read back as symbols: the region analyses then bound every buffer by the band's extents.
-    found = var("sk_group_found", dtype)
-    search.append(tirx.Bind(found, lo))
-    (g, local), stmts = _in_block(
-        "sk_group_search",
-        offsets,
-        search,
-        [
-            ("sk_group", found, 0, space.groups - 1),
-            ("sk_group_tile", tile - cast_to(dtype, tirx.BufferLoad(offsets, [found])), None, None),
-        ],
-        dtype,
-    )
+    (g, local), stmts = group_search(space, tile, dtype, "sk_group")
     others = space.others
     row_tile = tirx.floordiv(local, others) if others > 1 else local
     rest = (
@@ -84,6 +63,55 @@ def coordinates(site: StreamKSite, tile, group: int | None) -> list[tirx.Stmt]:
     for i, loop in enumerate(site.band):
         stmts.append(tirx.Bind(loop.loop_var, cast_to(dtype_of(loop.loop_var), coords[i])))
     return stmts
+
+
+def group_search(space, unit, dtype: str, name: str) -> tuple[tuple, list[tirx.Stmt]]:
+    """``((group, index in it), statements)`` of the walk's unit ``unit`` (a tile of a grouped
+    GEMM, an iteration of a ragged reduction), by binary search in the space's offsets."""
+    offsets = space.tile_offsets
+    search: list[tirx.Stmt] = []
+    # Invariant: offsets[lo] <= unit < offsets[hi]; an empty group has offsets[g] ==
+    # offsets[g + 1], so the largest g with offsets[g] <= unit holds the unit.
+    lo, hi = int_imm(0, dtype), int_imm(space.groups, dtype)
+    for step in range(math.ceil(math.log2(space.groups)) if space.groups > 1 else 0):
+        mid, new_lo, new_hi = (var(f"{name}_{n}{step}", dtype) for n in ("mid", "lo", "hi"))
+        take = cast_to(dtype, tirx.BufferLoad(offsets, [mid])) <= unit
+        search += [
+            tirx.Bind(mid, tirx.floordiv(lo + hi, 2)),
+            tirx.Bind(new_lo, tirx.Select(take, mid, lo)),
+            tirx.Bind(new_hi, tirx.Select(take, hi, mid)),
+        ]
+        lo, hi = new_lo, new_hi
+    # The search runs in a block of its own (the pipeline places the offsets' allocation by the
+    # blocks that access it) and leaves the group and the unit's index in it in registers,
+    # read back as symbols: the region analyses then bound every buffer by the band's extents.
+    found = var(f"{name}_found", dtype)
+    search.append(tirx.Bind(found, lo))
+    return _in_block(
+        f"{name}_search",
+        offsets,
+        search,
+        [
+            (name, found, 0, space.groups - 1),
+            (f"{name}_unit", unit - cast_to(dtype, tirx.BufferLoad(offsets, [found])), None, None),
+        ],
+        dtype,
+    )
+
+
+def group_range(space, group, dtype: str, name: str) -> tuple[tuple, list[tirx.Stmt]]:
+    """``((first unit, end), statements)`` of ``group``'s units, read from the offsets."""
+    offsets = space.tile_offsets
+    return _in_block(
+        f"{name}_range",
+        offsets,
+        [],
+        [
+            (f"{name}_base", cast_to(dtype, tirx.BufferLoad(offsets, [group])), None, None),
+            (f"{name}_end", cast_to(dtype, tirx.BufferLoad(offsets, [group + 1])), None, None),
+        ],
+        dtype,
+    )
 
 
 def _in_block(name: str, source, binds: list, outputs: list, dtype: str):

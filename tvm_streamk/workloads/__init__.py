@@ -8,7 +8,9 @@ and the random inputs and float64 references numeric checks use.
 :func:`conv2d`, :func:`conv3d`) with :func:`conv_reference`; ``contractions``
 :func:`contraction` with :func:`contraction_reference`; ``grouped`` :func:`grouped_gemm` (G
 GEMMs of different row counts, mixture-of-experts) with :func:`grouped_args`,
-:func:`grouped_reference`, :func:`moe_offsets` and :func:`sort_by_expert`; ``onnx_models``
+:func:`grouped_reference`, the MoE weight gradient :func:`grouped_weight_grad` (ragged K)
+with :func:`grouped_weight_grad_args` and :func:`grouped_weight_grad_reference`,
+:func:`moe_offsets` and :func:`sort_by_expert`; ``onnx_models``
 :func:`onnx_model` (the ONNX model zoo, :data:`ONNX_MODELS`); ``errors`` :class:`WorkloadError`.
 """
 
@@ -20,6 +22,9 @@ from .grouped import (
     grouped_args,
     grouped_gemm,
     grouped_reference,
+    grouped_weight_grad,
+    grouped_weight_grad_args,
+    grouped_weight_grad_reference,
     moe_offsets,
     sort_by_expert,
 )
@@ -48,6 +53,9 @@ __all__ = [
     "grouped_args",
     "grouped_gemm",
     "grouped_reference",
+    "grouped_weight_grad",
+    "grouped_weight_grad_args",
+    "grouped_weight_grad_reference",
     "implicit_gemm_schedule",
     "moe_offsets",
     "onnx_model",

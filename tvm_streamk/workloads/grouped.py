@@ -17,6 +17,7 @@ from tvm.script import tirx as T
 
 from ..analysis.ragged import RAGGED_ATTR, RAGGED_SCOPE
 from .errors import WorkloadError, check_choice, check_extents, run_time_extent
+from .references import _numpy_dtype
 
 GROUPED_LAYOUTS = ("NN", "NT")  # W[g] is (K, N), or (N, K) as a Linear layer stores it
 GROUPED_IN_DTYPES = ("float32", "float16")
@@ -53,7 +54,10 @@ def grouped_gemm(
         the last at most ``rows``).
 
     The parameters are ``X (rows, K)``, ``W``, ``offsets (groups + 1,)`` and ``Y (rows, N)``.
+    Experts of different widths (a sequence for ``N`` or ``K``) are refused: see
+    :func:`check_one_width`.
     """
+    check_one_width(N, K)
     check_extents(groups=groups, N=N, K=K)
     rows = run_time_extent("rows", rows)
     check_choice("layout", layout, GROUPED_LAYOUTS)
@@ -110,6 +114,130 @@ def grouped_gemm(
                 Y_group[vg, vi, vj] = T.Cast(out_dtype, C[vg, vi, vj])
     return main
     # fmt: on
+
+
+def check_one_width(N, K) -> None:
+    """Refuse per-group N or K (experts of different widths) with the reason.
+
+    The ragged views make a group's *rows* ragged: ``X_group[g, i, k]`` is a row of one
+    ``(rows, K)`` buffer, and the kernel is the batched GEMM of one ``N`` and one ``K`` over the
+    groups. Weights of different shapes are not one ``(groups, K, N)`` buffer, and a band of one
+    column extent cannot walk groups of different column counts; that needs per-group column
+    views and a tile space of per-group column tiles, which are not built.
+    """
+    for name, value in (("N", N), ("K", K)):
+        if isinstance(value, (list, tuple, np.ndarray)):
+            raise WorkloadError(
+                f"{name}={list(value)}: a grouped GEMM takes one N and one K for every group "
+                "(its ragged views make only the rows ragged, and the weights are one "
+                "(groups, K, N) buffer). Pad the experts to the widest (zero rows and columns "
+                "add nothing to the product), or build one grouped kernel per width."
+            )
+
+
+def grouped_weight_grad(
+    groups: int,
+    N: int,
+    K: int,
+    *,
+    rows="rows",
+    in_dtype: str = "float32",
+    out_dtype: str | None = None,
+    offsets_dtype: str = "int64",
+) -> tvm.tirx.PrimFunc:
+    """The weight gradient of a grouped GEMM: ``dW[g] = dY_gᵀ · X_g`` for every group.
+
+    ``X_g`` and ``dY_g`` are the rows ``offsets[g]`` to ``offsets[g + 1]`` of the tokens sorted
+    by expert ``X (rows, K)`` and of the output gradient ``dY (rows, N)``: the reduction runs
+    over a group's tokens, so every group's tiles have their own K (*ragged K*; an empty group's
+    gradient is zero). Written over ragged views of ``X`` and ``dY`` (read with zeros past a
+    group's rows) into the real ``dW (groups, N, K)``, it schedules as a batched GEMM whose
+    reduction is the token axis. The parameters are ``X``, ``dY``, ``offsets`` and ``dW``;
+    ``in_dtype`` float32, float16 or bfloat16, accumulated in float32, ``out_dtype`` a cast in
+    the write-back.
+    """
+    check_one_width(N, K)
+    check_extents(groups=groups, N=N, K=K)
+    rows = run_time_extent("rows", rows)
+    check_choice("in_dtype", in_dtype, (*GROUPED_IN_DTYPES, "bfloat16"))
+    check_choice("offsets_dtype", offsets_dtype, ("int64", "int32"))
+    acc = "float32"
+    out_dtype = out_dtype or acc
+    if isinstance(rows, tvm.tirx.Var) and str(rows.ty) == "int64":
+        groups, N, K = (tvm.tirx.IntImm("int64", v) for v in (groups, N, K))
+    declared = {"offsets": "offsets", "views": {"X_group": "X", "dY_group": "dY"}}
+    zero = tvm.tirx.const(0, acc)
+
+    # fmt: off
+    if out_dtype == acc:
+        @T.prim_func(s_tir=True)
+        def main(X: T.Buffer((rows, K), in_dtype), dY: T.Buffer((rows, N), in_dtype),
+                 offsets: T.Buffer((groups + 1,), offsets_dtype),
+                 dW: T.Buffer((groups, N, K), acc)):
+            T.func_attr({"tirx.noalias": True, RAGGED_ATTR: declared})
+            X_group = T.sblock_alloc_buffer((groups, rows, K), in_dtype, scope=RAGGED_SCOPE)
+            dY_group = T.sblock_alloc_buffer((groups, rows, N), in_dtype, scope=RAGGED_SCOPE)
+            for g, n, k, t in T.grid(groups, N, K, rows):
+                with T.sblock("C"):
+                    vg, vn, vk, vt = T.axis.remap("SSSR", [g, n, k, t])
+                    with T.init():
+                        dW[vg, vn, vk] = zero
+                    dW[vg, vn, vk] = dW[vg, vn, vk] + T.Cast(acc, dY_group[vg, vt, vn]) * T.Cast(
+                        acc, X_group[vg, vt, vk])
+        return main
+
+    @T.prim_func(s_tir=True)
+    def main(X: T.Buffer((rows, K), in_dtype), dY: T.Buffer((rows, N), in_dtype),
+             offsets: T.Buffer((groups + 1,), offsets_dtype),
+             dW: T.Buffer((groups, N, K), out_dtype)):
+        T.func_attr({"tirx.noalias": True, RAGGED_ATTR: declared})
+        X_group = T.sblock_alloc_buffer((groups, rows, K), in_dtype, scope=RAGGED_SCOPE)
+        dY_group = T.sblock_alloc_buffer((groups, rows, N), in_dtype, scope=RAGGED_SCOPE)
+        C = T.sblock_alloc_buffer((groups, N, K), acc)
+        for g, n, k, t in T.grid(groups, N, K, rows):
+            with T.sblock("C"):
+                vg, vn, vk, vt = T.axis.remap("SSSR", [g, n, k, t])
+                with T.init():
+                    C[vg, vn, vk] = zero
+                C[vg, vn, vk] = C[vg, vn, vk] + T.Cast(acc, dY_group[vg, vt, vn]) * T.Cast(
+                    acc, X_group[vg, vt, vk])
+        for g, n, k in T.grid(groups, N, K):
+            with T.sblock("D"):
+                vg, vn, vk = T.axis.remap("SSS", [g, n, k])
+                dW[vg, vn, vk] = T.Cast(out_dtype, C[vg, vn, vk])
+    return main
+    # fmt: on
+
+
+def grouped_weight_grad_args(
+    counts: Sequence[int],
+    N: int,
+    K: int,
+    *,
+    in_dtype: str = "float32",
+    out_dtype: str = "float32",
+    offsets_dtype: str = "int64",
+    rng: np.random.Generator | None = None,
+) -> list:
+    """Fresh random ``[X, dY, offsets, dW]`` for a grouped weight gradient with ``counts``
+    tokens per group, ``dW`` poisoned with NaN."""
+    rng = rng or np.random.default_rng()
+    offsets = moe_offsets(counts, offsets_dtype)
+    rows, groups = int(offsets[-1]), len(offsets) - 1
+    x = rng.uniform(-1, 1, (rows, K)).astype(np.float32).astype(_numpy_dtype(in_dtype))
+    dy = rng.uniform(-1, 1, (rows, N)).astype(np.float32).astype(_numpy_dtype(in_dtype))
+    return [x, dy, offsets, np.full((groups, N, K), np.nan, out_dtype)]
+
+
+def grouped_weight_grad_reference(x, dy, offsets) -> np.ndarray:
+    """``dW`` of a grouped weight gradient in float64 numpy (zero for an empty group)."""
+    x, dy = np.asarray(x, np.float64), np.asarray(dy, np.float64)
+    groups = len(offsets) - 1
+    out = np.zeros((groups, dy.shape[1], x.shape[1]))
+    for g in range(groups):
+        lo, hi = int(offsets[g]), int(offsets[g + 1])
+        out[g] = dy[lo:hi].T @ x[lo:hi]
+    return out
 
 
 def moe_offsets(counts: Sequence[int], dtype: str = "int64") -> np.ndarray:

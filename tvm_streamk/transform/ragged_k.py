@@ -1,0 +1,139 @@
+"""The persistent walk of a ragged reduction: tiles whose K-panel counts differ by group.
+
+A grouped weight gradient (:class:`~tvm_streamk.analysis.ragged.RaggedReduction`) gives every
+tile of group ``g`` ``P(g)`` K-panels, its tokens over the panel depth. The walk counts
+iterations: group ``g``'s ``tiles_per_group * P(g)`` come after the groups before it, in
+tile-major order, and the prologue kernel (:func:`.tile_space.group_offsets_kernel`) writes
+their prefix sums on the device. A block's equal slice ``[lo, hi)`` of them (the Stream-K
+closed forms on the count read from the device, ``decision`` plans it as such) is walked as:
+
+* the groups holding its first and last iteration, by binary search in the prefix sums
+  (:func:`.tile_space.group_search`); every group between them, in order, its range read back
+  from the sums (an empty group's range is empty: no tile of it is walked);
+* in each group, the tiles its part of the slice touches, one segment each: tile
+  ``g * tiles_per_group + i`` over the panels ``[max(lo - start, 0), min(hi - start, P(g)))``
+  of it, ``start`` the tile's first iteration.
+
+The segment carries its tile's panel count (``Segment.panels``): the fix-ups compare with it
+where they compare with the site's panel count elsewhere (a tile is whole when a segment covers
+its ``P(g)`` panels; the workspace fix-up's arrivals complete at ``P(g)``). A tile of an empty
+group has no iteration and is walked by no slice: :func:`zero_empty_tiles` has every launched
+block write its share of them through the original write-back on the accumulator's initial
+zero (an empty expert's gradient is zero).
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+
+from .._compat import SBlockRealize, dtype_of, structural_map
+from ..analysis import StreamKSite
+from . import tile_space
+from ._ir import Segment, cast_to, fresh_definitions, int_imm, prune_to, seq
+
+
+def walker(site: StreamKSite, seg: Segment, tile_body, fixup, group, own: str):
+    """``make_body(lo, hi, may_be_empty)`` for :func:`._ir.over_units`: the segments of the
+    iteration range ``[lo, hi)`` (module docstring). ``seg.panels`` must be the variable the
+    segments bind their tile's panel count to."""
+    space = site.ragged
+    per_group = int_imm(space.others, "int32")
+
+    def walk(lo, hi, may_be_empty: bool) -> tirx.Stmt:
+        # Iterations fit int32 (the host checks their bound, _ir.tile_count_check): the walk
+        # counts in 32-bit registers (in int64, 64x64 tiles took 80 registers on sm_80 against
+        # the data-parallel kernel's 46).
+        dtype = "int32"
+        lo, hi = cast_to(dtype, lo), cast_to(dtype, hi)
+        (first, _), find_first = starting_tile(site, lo, "sk_first")
+        (last, _), find_last = starting_tile(site, hi - 1, "sk_last")
+        # One counted loop over the tiles from the first to the last, as the walk of equal
+        # tiles has (only the range, the first tile and the index live across the tile body);
+        # a tile's group, first iteration and panels are read back per segment.
+        g = tirx.floordiv(seg.tile, per_group)
+        (base, end), read_range = tile_space.group_range(space, g, dtype, "sk_tile_group")
+        panels = tirx.floordiv(end - base, per_group)
+        start = base + (seg.tile - g * per_group) * panels
+        segment = seq(
+            [
+                tirx.Bind(seg.tile, cast_to(dtype_of(seg.tile), first + cast_to(dtype, seg.index))),
+                *read_range,
+                tirx.Bind(seg.panels, cast_to(own, panels)),
+                tirx.Bind(seg.k_begin, cast_to(own, tirx.max(lo - start, int_imm(0, dtype)))),
+                tirx.Bind(seg.k_end, cast_to(own, tirx.min(hi - start, panels))),
+                *tile_space.coordinates(site, seg.tile, group),
+                tirx.Bind(seg.full, tirx.And(seg.k_begin == 0, seg.k_end == seg.panels)),
+                live_writeback(site, seg, tile_body),
+                fixup.after_segment(seg),
+            ]
+        )
+        count = last - first + 1
+        if may_be_empty:
+            count = tirx.Select(lo < hi, count, int_imm(0, dtype))
+        loop = tirx.For(
+            seg.index, int_imm(0, own), cast_to(own, count), tirx.ForKind.SERIAL, segment
+        )
+        return seq([*find_first, *find_last, loop])
+
+    return walk
+
+
+def live_writeback(site: StreamKSite, seg: Segment, tile_body) -> tirx.Stmt:
+    """``tile_body`` with its write-back predicated on the tile having panels.
+
+    A tile of an empty group between two groups of a block's range has none: its segment runs
+    the tile body's loops without a trip and writes nothing (a branch around the body would
+    hold its barriers; :func:`zero_empty_tiles` writes the tile). Its segment is whole
+    (``0 == k_begin == k_end == panels``), so no fix-up step runs for it either.
+    """
+    names = tuple(wb.block.name_hint for wb in site.writebacks)
+
+    def guard(realize: SBlockRealize) -> SBlockRealize:
+        if not realize.block.name_hint.startswith(names):
+            return realize
+        return SBlockRealize(
+            realize.iter_values,
+            tirx.And(realize.predicate, seg.panels > 0),
+            realize.block,
+        )
+
+    return structural_map(tile_body, (SBlockRealize, guard))
+
+
+def starting_tile(site: StreamKSite, lo, name: str) -> tuple[tuple, list[tirx.Stmt]]:
+    """``((tile, starts inside), statements)``: the tile holding iteration ``lo``, and whether
+    ``lo`` is past its first panel (the atomic fix-up zeroes such a tile: it is split)."""
+    space = site.ragged
+    dtype = dtype_of(lo)
+    (g, local), find = tile_space.group_search(space, lo, dtype, name)
+    (base, end), read_range = tile_space.group_range(space, g, dtype, f"{name}_group")
+    panels = tirx.max(tirx.floordiv(end - base, int_imm(space.others, dtype)), int_imm(1, dtype))
+    tile = g * space.others + tirx.floordiv(local, panels)
+    return (tile, tirx.floormod(local, panels) != 0), [*find, *read_range]
+
+
+def zero_empty_tiles(site: StreamKSite, seg: Segment, tile_body, block, grid, group) -> tirx.Stmt:
+    """Block ``block`` of ``grid`` writes every ``grid``-th tile of the empty groups, from its
+    own, through the original write-back on the accumulator's initial zero: no iteration
+    covers them. ``tile_body`` is the band's body before the walk ranged it: only its
+    accumulator initialisation and write-back are kept (no panel loop, no staging)."""
+    space = site.ragged
+    dtype = dtype_of(block)
+    names = {site.init_block.name_hint, *(wb.block.name_hint for wb in site.writebacks)}
+    zero_tile = prune_to(tile_body, names, lambda realize: realize)
+    z = tirx.Var("sk_zero_index", dtype)
+    tile = block + z * grid
+    g = tirx.floordiv(tile, int_imm(space.others, dtype))
+    (base, end), read_range = tile_space.group_range(space, g, dtype, "sk_zero_group")
+    body = seq(
+        [
+            tirx.Bind(seg.tile, cast_to(dtype_of(seg.tile), tile)),
+            *tile_space.coordinates(site, seg.tile, group),
+            zero_tile,
+        ]
+    )
+    # The test is the same for every thread of the block: no barrier is reached by some only.
+    empty = seq([*read_range, tirx.IfThenElse(base == end, body, None)])
+    tiles = int_imm(space.real_tiles, dtype)
+    count = tirx.floordiv(tiles - block + grid - 1, grid)
+    return fresh_definitions(tirx.For(z, int_imm(0, dtype), count, tirx.ForKind.SERIAL, empty))
