@@ -267,7 +267,8 @@ def ragged_space(
     func: tirx.PrimFunc, band: tuple[tirx.For, ...], writebacks, realize_of
 ) -> RaggedSpace | None:
     """The grouped tile space of a site whose write-back stores a ragged view (None when
-    ``func`` declares no views); ``realize_of(block)`` is the block's realize."""
+    ``func`` declares no views, or its write-back stores none: :func:`ragged_reduction` then
+    looks at the reduction); ``realize_of(block)`` is the block's realize."""
     declared = ragged_views(func)
     if declared is None:
         return None

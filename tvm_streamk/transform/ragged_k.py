@@ -7,12 +7,15 @@ tile-major order, and the prologue kernel (:func:`.tile_space.group_offsets_kern
 their prefix sums on the device. A block's equal slice ``[lo, hi)`` of them (the Stream-K
 closed forms on the count read from the device, ``decision`` plans it as such) is walked as:
 
-* the groups holding its first and last iteration, by binary search in the prefix sums
-  (:func:`.tile_space.group_search`); every group between them, in order, its range read back
-  from the sums (an empty group's range is empty: no tile of it is walked);
-* in each group, the tiles its part of the slice touches, one segment each: tile
-  ``g * tiles_per_group + i`` over the panels ``[max(lo - start, 0), min(hi - start, P(g)))``
-  of it, ``start`` the tile's first iteration.
+* the tiles holding its first and last iteration, found by binary search in the prefix sums
+  (:func:`starting_tile`, :func:`.tile_space.group_search`);
+* one counted loop over the tiles between them, one segment each, as the walk of equal tiles
+  has (only the range, the first tile and the index stay live across the tile body): each
+  segment reads its group's range back from the sums, and from it its tile's panels ``P(g)``
+  and first iteration ``start``; it covers the panels ``[max(lo - start, 0), min(hi - start,
+  P(g)))``. A tile of an empty group inside the range has no panel: its segment runs no
+  trip and its write-back is predicated off (:func:`live_writeback`; a branch around the
+  tile body would hold its barriers).
 
 The segment carries its tile's panel count (``Segment.panels``): the fix-ups compare with it
 where they compare with the site's panel count elsewhere (a tile is whole when a segment covers
