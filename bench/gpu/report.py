@@ -327,6 +327,61 @@ def predicted_vs_measured(rows: list[dict], worst: int = 10) -> list[str]:
     return out + _table(["kernel", "plan", "predicted", "measured"], [list(t) for t in ranked])
 
 
+def predicted_time(rows: list[dict], target: str | None) -> list[str]:
+    """The model in microseconds (``predicted_us``, priced for the pack's target) beside the
+    measured medians: per schedule source and decomposition, measured / predicted time, the
+    TFLOP/s reached and cuBLAS's, and whether the speed-up the microsecond model predicts over
+    data-parallel has the measured sign."""
+    base = _baselines(rows)
+    groups = defaultdict(lambda: {"ratio": [], "tflops": [], "cublas": [], "signs": []})
+    for r in _timed(rows):
+        e = r["entry"]
+        if not e.get("predicted_us"):
+            continue
+        flops = 2.0 * e["shape"]["m"] * e["shape"]["n"] * e["shape"]["k"]
+        g = groups[(e["schedule_source"], e["variant"])]
+        g["ratio"].append(r["median_ms"] * 1e3 / e["predicted_us"])
+        g["tflops"].append(flops / (r["median_ms"] * 1e9))
+        if r.get("cublas_ms"):
+            g["cublas"].append(flops / (r["cublas_ms"] * 1e9))
+        dp = base.get(_key(e))
+        if dp is not None and e["variant"] != "data_parallel" and e.get("predicted_dp_us"):
+            predicted = e["predicted_dp_us"] / e["predicted_us"]
+            measured = dp["median_ms"] / r["median_ms"]
+            g["signs"].append((predicted > 1) == (measured > 1))
+    out = [
+        "## Predicted versus measured time",
+        "",
+        f"The cost model's time in microseconds, priced for the pack's target ({target}), "
+        "beside the measured median: measured / predicted (geometric mean, min, max; > 1: the "
+        "kernel is slower than predicted), the TFLOP/s the kernel and cuBLAS reach (geometric "
+        "means), and for how many kernels the model's predicted speed-up over data-parallel "
+        "has the measured sign.",
+        "",
+    ]
+    if not groups:
+        return out + ["No kernel with a predicted time.", ""]
+    table = []
+    for (source, variant), g in sorted(groups.items()):
+        signs = g["signs"]
+        table.append(
+            [
+                source,
+                variant,
+                len(g["ratio"]),
+                _geomean(g["ratio"]),
+                min(g["ratio"]),
+                max(g["ratio"]),
+                _geomean(g["tflops"]),
+                _geomean(g["cublas"]) if g["cublas"] else "-",
+                f"{sum(signs)} of {len(signs)}" if signs else "-",
+            ]
+        )
+    header = ["schedule", "decomposition", "n", "measured / predicted", "min", "max",
+              "TFLOP/s", "cuBLAS TFLOP/s", "speed-up sign right"]  # fmt: skip
+    return out + _table(header, table)
+
+
 def _correlation(points: list[tuple[float, float]]) -> float:
     n = len(points)
     if n < 2:
@@ -375,6 +430,7 @@ def render(run: Run, calibrate: bool = False) -> str:
     lines += resources(rows)
     lines += clocks(rows)
     lines += predicted_vs_measured(rows)
+    lines += predicted_time(rows, run.manifest.get("target"))
     if calibrate:
         lines += calibration(rows)
     return "\n".join(lines)

@@ -52,6 +52,11 @@ def _kernels(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=20, help="timed rounds at most")
     parser.add_argument("--check-only", action="store_true", help="correctness, no timing")
+    parser.add_argument(
+        "--host-inputs",
+        action="store_true",
+        help="make inputs and outputs on the host and copy them to the GPU (for initcheck)",
+    )
 
 
 def parser() -> argparse.ArgumentParser:

@@ -333,6 +333,18 @@ def test_report_renders_synthetic_results(simt_pack, tmp_path):
     assert "| focus | reference | data_parallel | 1 | baseline | 0.25 | fp32, TF32 off |" in text
     assert "throttling during the run" in text
     assert "| initcheck | 1 | clean | 0 | ok |" in text
+    # The microsecond model beside the clock: measured / predicted time and TFLOP/s.
+    dp = atomic["name"].replace("stream_k-atomic", "data_parallel")
+    (dp,) = [k for k in manifest["kernels"] if k["name"] == dp]
+    row = next(
+        line
+        for line in text.split("## Predicted versus measured time")[1].splitlines()
+        if line.startswith("| reference | data_parallel |")
+    )
+    shape = dp["shape"]
+    tflops = 2.0 * shape["m"] * shape["n"] * shape["k"] / (2.0 * 1e9)
+    assert f"| {2.0e3 / dp['predicted_us']:.3g} |" in row, row
+    assert f"| {tflops:.3g} |" in row, row
 
 
 def _fake_wheel(path: Path, files: dict) -> None:

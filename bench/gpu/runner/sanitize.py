@@ -5,6 +5,10 @@ kernel, each running ``run.py worker --check-only`` (no timing, no watchdog: the
 slows kernels down a hundredfold) in its own process group, killed with everything under it
 when its time is up. racecheck and synccheck see shared memory and barriers; initcheck sees
 reads of global memory nothing wrote, such as a fix-up reading a partial no block stored.
+Only the pack's kernels are instrumented (``--kernel-name``), so the child makes its tensors on
+the host and copies them (``--host-inputs``): initcheck sees a copy, but not the writes of
+torch's uninstrumented kernels (the first GPU run, without it, flagged the A reads of every
+block it watched).
 
 Two verdicts are kept apart: the sanitizer's (``clean`` only when its summary was printed and
 counts no error; ``errors``, ``timeout``, or ``no-summary`` when the child died before the
@@ -53,6 +57,7 @@ def _child(pack: Path, names: list[str], journal: Path) -> list[str]:
         "--out", str(journal),
         "--names-file", str(names_file),
         "--check-only",
+        "--host-inputs",
         "--calls", "1",
         "--kernel-timeout", "0",
     ]  # fmt: skip

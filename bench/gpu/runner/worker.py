@@ -128,6 +128,29 @@ class Worker:
         args = [self.tvm.runtime.from_dlpack(t) for t in tensors]
         return lambda: fn(*args)
 
+    # With ``--host-inputs`` (the sanitizer's child) every tensor is made on the host and
+    # copied, and the checks read a host copy of the output: compute-sanitizer's initcheck,
+    # filtered to the pack's kernels, does not see the writes of torch's own (uninstrumented)
+    # kernels and would call every element they wrote, inputs and check results alike,
+    # uninitialized; copies it does see.
+
+    def inputs(self, make, entry: dict, device: str) -> tuple:
+        """``a, b, ref`` from ``make``: on ``device``, or made on the host, ``a`` and ``b``
+        copied to ``device`` and ``ref`` left on the host."""
+        if not self.options.host_inputs:
+            return make(self.torch, entry, device)
+        a, b, ref = make(self.torch, entry, "cpu")
+        return a.to(device), b.to(device), ref
+
+    def output(self, entry: dict, device: str):
+        if not self.options.host_inputs:
+            return checks.output(self.torch, entry, device)
+        return checks.output(self.torch, entry, "cpu").to(device)
+
+    def observed(self, out):
+        """What the checks read: ``out``, or its copy on the host."""
+        return out.to("cpu") if self.options.host_inputs else out
+
     def synchronize(self) -> None:
         self.torch.cuda.synchronize()
 
@@ -135,10 +158,10 @@ class Worker:
 
     def run_group(self, group: list[dict], journal: Journal) -> bool:
         """Check and time one group; False when a kernel raised (the worker must restart)."""
-        torch, device = self.torch, pack_files.device_of(group[0])
+        device = pack_files.device_of(group[0])
         self.progress([e["name"] for e in group], "inputs")
-        a, b, ref = checks.float_inputs(torch, group[0], device)
-        ea, eb, eref = checks.exact_inputs(torch, group[0], device)
+        a, b, ref = self.inputs(checks.float_inputs, group[0], device)
+        ea, eb, eref = self.inputs(checks.exact_inputs, group[0], device)
         states = []
         for entry in group:
             state = {"entry": entry, "record": {"kind": "kernel", "name": entry["name"]}}
@@ -167,22 +190,22 @@ class Worker:
         self.progress(entry["name"], "load")
         fn = self.function(entry)
         self.progress(entry["name"], "float")
-        out = checks.output(self.torch, entry, device)
+        out = self.output(entry, device)
         call = self.caller(entry, fn, a, b, out)
         with self.stream():
             call()
             self.synchronize()
-        record["float"] = checks.float_check(self.torch, entry, out, ref)
+        record["float"] = checks.float_check(self.torch, entry, self.observed(out), ref)
         state.update(out=out, call=call, first=out.clone())
         exact = []
         for i in range(self.options.calls):
             self.progress(entry["name"], f"exact call {i + 1}")
-            eout = checks.output(self.torch, entry, device)
+            eout = self.output(entry, device)
             ecall = self.caller(entry, fn, ea, eb, eout)
             with self.stream():
                 ecall()
                 self.synchronize()
-            exact.append(checks.exact_check(self.torch, eout, eref)["mismatches"])
+            exact.append(checks.exact_check(self.torch, self.observed(eout), eref)["mismatches"])
             if exact[-1]:
                 break
         record["exact_mismatches"] = exact
