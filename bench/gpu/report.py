@@ -409,7 +409,15 @@ def calibration(rows: list[dict]) -> list[str]:
         groups[(e["schedule_source"], e["fixup"] or "workspace")].append(
             (plan, r["median_ms"] / 1e3)
         )
-    out = ["## Calibrated cost model", ""]
+    out = [
+        "## Calibrated cost model",
+        "",
+        "The constants of the scheduler in units (`cost_model.calibrate`, `CostParams`: what "
+        "decides where the target names no GPU of the table), fitted to the measured times per "
+        "schedule source and fix-up. The microsecond model of a GPU the table holds is not "
+        "fitted here; the section above sets it beside the clock.",
+        "",
+    ]
     table = []
     for (source, fixup), measurements in sorted(groups.items()):
         try:
