@@ -444,6 +444,14 @@ def render(run: Run, calibrate: bool = False) -> str:
     return "\n".join(lines)
 
 
+def emit(text: str, out: Path | None) -> None:
+    """``text`` into the file ``out``, or to stdout without one."""
+    if out:
+        out.write_text(text)
+    else:
+        sys.stdout.write(text)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, help="the folder device_run.sh wrote ($OUT)")
@@ -459,11 +467,7 @@ def main(argv=None) -> int:
         run = Run.load(args.results, args.manifest, args.sanitizer)
     else:
         parser.error("give --run OUT, or --results and --manifest")
-    text = render(run, args.calibrate)
-    if args.out:
-        args.out.write_text(text)
-    else:
-        sys.stdout.write(text)
+    emit(render(run, args.calibrate), args.out)
     return 0
 
 

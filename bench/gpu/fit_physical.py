@@ -1,0 +1,251 @@
+"""Fit the microsecond model's constants to a GPU run, and say what the fit would change.
+
+The model (:mod:`tvm_streamk.cost_model.physical`) prices a kernel from its traits and a GPU's
+published figures with a few constants: the share of the peak a main loop reaches
+(``EFFICIENCY``), a segment's fill (``FILL_US``), a partial tile's hand-off (``HANDOFF_US``) and
+a launch (``LAUNCH_US``). This script rebuilds the traits of every kernel of a run (the
+schedule only, no compile), prices each measured kernel and its data-parallel baseline under
+adjustments to those constants (coordinate descent over a grid), and keeps the ones whose
+predicted times, each kernel's and its data-parallel baseline's, are closest to the measured
+ones (least squares on their logarithms), priced for the GPU the run measured. It prints the
+fit and, of the heuristic's measured decisions, which the refit model would still take over
+data-parallel beyond the margin (``MIN_GAIN``) and which it would drop, with their measured
+speed-ups.
+Nothing here changes the package's constants.
+
+Usage::
+
+    python -m bench.gpu.fit_physical --run gpu-out [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+from pathlib import Path
+
+import tvm
+
+from bench.gpu import report
+from bench.gpu.kernels import schedule
+from tvm_streamk import cost_model
+from tvm_streamk.analysis import first_site
+from tvm_streamk.cost_model import physical
+from tvm_streamk.decomposition import Plan
+
+# The adjustments tried: a factor on the main loop's time per iteration, and extra
+# microseconds per segment, per partial tile and per launch.
+COMPUTE_SCALE = (0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25)
+FILL_EXTRA_US = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0)
+HANDOFF_EXTRA_US = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+LAUNCH_EXTRA_US = (0.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+
+
+@dataclasses.dataclass
+class Sample:
+    name: str
+    plan: Plan
+    dp_plan: Plan
+    fixup: str
+    price: physical.Price
+    measured: float  # data-parallel time / the kernel's, measured
+    measured_us: float
+    measured_dp_us: float
+    baseline: str  # the data-parallel kernel's name
+    decided: bool  # a decomposition the heuristic chose over data-parallel
+
+
+def measured_gpu(run: report.Run):
+    """The specification of the GPU the run measured (``env-before.json``'s device name, as
+    ``NVIDIA H200`` becomes ``nvidia/nvidia-h200``), else of the pack's target."""
+    name = str(run.environment.get("device", {}).get("name", ""))
+    tag = "nvidia/" + name.lower().replace(" ", "-")
+    spec = cost_model.spec_for(tag) or cost_model.spec_for(run.manifest["target"])
+    if spec is None:
+        raise SystemExit(f"no GPU specification for {name!r} or {run.manifest['target']!r}")
+    return spec
+
+
+def _plan(record: dict) -> Plan:
+    fields = {f.name for f in dataclasses.fields(Plan)}
+    return Plan(**{k: v for k, v in record.items() if k in fields})
+
+
+def samples(run: report.Run, log=print) -> list[Sample]:
+    """Every timed SIMT kernel with a planned grid, a data-parallel baseline and a price."""
+    rows = report.joined(run)
+    base = report._baselines(rows)
+    target = tvm.target.Target(run.manifest["target"])
+    spec = measured_gpu(run)
+    traits: dict = {}
+    out = []
+    for r in report._timed(rows):
+        e = r["entry"]
+        dp = base.get(report._key(e))
+        simt = e["schedule_source"] in ("reference", "dlight")
+        if dp is None or e["variant"] == "data_parallel" or not simt or e["runtime_grid"]:
+            continue
+        shape = (e["schedule_source"], *e["shape"].values())
+        if shape not in traits:
+            site = first_site(schedule(*shape, target).mod["main"])
+            traits[shape] = cost_model.traits_of(site)
+            log(f"traits of {shape}")
+        fixup = e["fixup"] or "workspace"
+        out.append(
+            Sample(
+                r["name"],
+                _plan(e["plan"]),
+                _plan(e["data_parallel_plan"]),
+                fixup,
+                physical.price(traits[shape], spec, fixup),
+                dp["median_ms"] / r["median_ms"],
+                r["median_ms"] * 1e3,
+                dp["median_ms"] * 1e3,
+                dp["name"],
+                e["variant"] == "heuristic" and e["plan"]["policy"] != "data_parallel",
+            )
+        )
+    return out
+
+
+def adjusted(price: physical.Price, scale, fill, handoff, launch) -> physical.Price:
+    return dataclasses.replace(
+        price,
+        compute_us=price.compute_us * scale,
+        segment_us=price.segment_us + fill,
+        fix_us=price.fix_us + handoff,
+        launch_us=price.launch_us + launch,
+    )
+
+
+def predicted(sample: Sample, knobs) -> float:
+    """The predicted speed-up of ``sample``'s plan over data-parallel under ``knobs``."""
+    t, t_dp = times(sample, knobs)
+    return t_dp / t
+
+
+def times(sample: Sample, knobs) -> tuple[float, float]:
+    """Predicted microseconds of ``sample``'s plan and of its data-parallel baseline."""
+    cost = cost_model.priced(adjusted(sample.price, *knobs))
+    t = cost_model.predicted_time(sample.plan, cost=cost, fixup=sample.fixup)
+    return t, cost_model.predicted_time(sample.dp_plan, cost=cost, fixup="workspace")
+
+
+def error(data: list[Sample], knobs) -> float:
+    """Squared log errors of the predicted times, the kernels' and their baselines' (each
+    baseline once)."""
+    total, baselines = 0.0, {}
+    for s in data:
+        t, t_dp = times(s, knobs)
+        total += (math.log(t) - math.log(s.measured_us)) ** 2
+        baselines[s.baseline] = (math.log(t_dp) - math.log(s.measured_dp_us)) ** 2
+    return total + sum(baselines.values())
+
+
+def summary(data: list[Sample], knobs) -> dict:
+    pairs = [(predicted(s, knobs), s.measured) for s in data]
+    decided = [(predicted(s, knobs), s) for s in data if s.decided]
+    margin = 1.0 / (1.0 - physical.MIN_GAIN)
+    kept = [(p, s) for p, s in decided if p >= margin]
+    return {
+        "rms_log_error": math.sqrt(
+            error(data, knobs) / (len(data) + len({s.baseline for s in data}))
+        ),
+        "sign_right": sum((p > 1) == (m > 1) for p, m in pairs),
+        "kept": kept,
+        "dropped": [(p, s) for p, s in decided if p < margin],
+    }
+
+
+def render(data: list[Sample], fitted, default=(1.0, 0.0, 0.0, 0.0)) -> str:
+    before, after = summary(data, default), summary(data, fitted)
+    scale, fill, handoff, launch = fitted
+    lines = [
+        f"{len(data)} kernels ({sum(s.decided for s in data)} decided by the heuristic).",
+        "",
+        f"Fit: main loop x{scale}, segment +{fill} us, partial tile +{handoff} us, "
+        f"launch +{launch} us (FILL_US {physical.FILL_US + fill}, HANDOFF_US "
+        f"{physical.HANDOFF_US + handoff}, LAUNCH_US {physical.LAUNCH_US + launch}).",
+        "",
+        "| model | rms log error of the predicted times | sign right | heuristic decisions kept "
+        "(measured geomean) | dropped (measured geomean) |",
+        "|---|---|---|---|---|",
+    ]
+    for label, s in (("as shipped", before), ("fitted", after)):
+
+        def gm(items):
+            return f"{report._geomean([x.measured for _, x in items]):.3g}" if items else "-"
+
+        lines.append(
+            f"| {label} | {s['rms_log_error']:.3f} | {s['sign_right']} of {len(data)} | "
+            f"{len(s['kept'])} ({gm(s['kept'])}) | {len(s['dropped'])} ({gm(s['dropped'])}) |"
+        )
+    lost = [s for p, s in after["kept"] if s.measured < 0.97]
+    dropped_wins = [s for p, s in after["dropped"] if s.measured > 1.03]
+    lines += [
+        "",
+        f"Fitted, the heuristic would still take {len(lost)} decision(s) measured more than 3% "
+        f"slower than data-parallel, and give up {len(dropped_wins)} measured more than 3% "
+        "faster:",
+        "",
+    ]
+    for s in sorted(lost, key=_measured) + sorted(dropped_wins, key=_measured):
+        lines.append(f"* {s.name}: {s.plan.label}, measured {s.measured:.3g}x")
+    return "\n".join(lines) + "\n"
+
+
+def _measured(sample: Sample) -> float:
+    return sample.measured
+
+
+def fit(data: list[Sample], passes: int = 3, log=print):
+    """Coordinate descent over the grid's axes (the model simulates every block of a plan, so
+    the whole grid would take hours): each axis in turn set to its best value, the others
+    held, until a pass changes nothing. It finds a local minimum: costs the plans cannot tell
+    apart (a segment's fill and a launch, on plans of one segment per block) may trade places
+    (tests/gpu_pack/test_fit_physical.py)."""
+    axes = (COMPUTE_SCALE, FILL_EXTRA_US, HANDOFF_EXTRA_US, LAUNCH_EXTRA_US)
+    knobs = [1.0, 0.0, 0.0, 0.0]
+    scores: dict = {}
+
+    def score(candidate) -> float:
+        key = tuple(candidate)
+        if key not in scores:
+            scores[key] = error(data, key)
+            log(f"{key}: {scores[key]:.2f}")
+        return scores[key]
+
+    for _ in range(passes):
+        before = list(knobs)
+        for axis, values in enumerate(axes):
+            knobs[axis] = min(values, key=lambda v: score(knobs[:axis] + [v] + knobs[axis + 1 :]))
+        if knobs == before:
+            break
+    return tuple(knobs)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", type=Path, required=True, help="the folder device_run.sh wrote")
+    parser.add_argument("--out", type=Path, help="markdown file (default: stdout)")
+    parser.add_argument(
+        "--max-tiles",
+        type=int,
+        default=1200,
+        help="fit on kernels of at most this many tiles (the model's time grows with them)",
+    )
+    args = parser.parse_args(argv)
+
+    def log(message):
+        print(message, file=sys.stderr)
+
+    data = samples(report.Run.from_folder(args.run), log=log)
+    data = [s for s in data if s.plan.tiles <= args.max_tiles]
+    report.emit(render(data, fit(data, log=log)), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
