@@ -41,6 +41,8 @@ COMPUTE_SCALE = (0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25)
 FILL_EXTRA_US = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0)
 HANDOFF_EXTRA_US = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 LAUNCH_EXTRA_US = (0.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+# No adjustment: the constants as shipped, where the descent starts.
+SHIPPED = (1.0, 0.0, 0.0, 0.0)
 
 
 @dataclasses.dataclass
@@ -50,11 +52,15 @@ class Sample:
     dp_plan: Plan
     fixup: str
     price: physical.Price
-    measured: float  # data-parallel time / the kernel's, measured
     measured_us: float
     measured_dp_us: float
     baseline: str  # the data-parallel kernel's name
     decided: bool  # a decomposition the heuristic chose over data-parallel
+
+    @property
+    def measured(self) -> float:
+        """The measured speed-up over data-parallel."""
+        return self.measured_dp_us / self.measured_us
 
 
 def measured_gpu(run: report.Run):
@@ -66,11 +72,6 @@ def measured_gpu(run: report.Run):
     if spec is None:
         raise SystemExit(f"no GPU specification for {name!r} or {run.manifest['target']!r}")
     return spec
-
-
-def _plan(record: dict) -> Plan:
-    fields = {f.name for f in dataclasses.fields(Plan)}
-    return Plan(**{k: v for k, v in record.items() if k in fields})
 
 
 def samples(run: report.Run, log=print) -> list[Sample]:
@@ -96,11 +97,10 @@ def samples(run: report.Run, log=print) -> list[Sample]:
         out.append(
             Sample(
                 r["name"],
-                _plan(e["plan"]),
-                _plan(e["data_parallel_plan"]),
+                report.plan_of(e["plan"]),
+                report.plan_of(e["data_parallel_plan"]),
                 fixup,
                 physical.price(traits[shape], spec, fixup),
-                dp["median_ms"] / r["median_ms"],
                 r["median_ms"] * 1e3,
                 dp["median_ms"] * 1e3,
                 dp["name"],
@@ -120,12 +120,6 @@ def adjusted(price: physical.Price, scale, fill, handoff, launch) -> physical.Pr
     )
 
 
-def predicted(sample: Sample, knobs) -> float:
-    """The predicted speed-up of ``sample``'s plan over data-parallel under ``knobs``."""
-    t, t_dp = times(sample, knobs)
-    return t_dp / t
-
-
 def times(sample: Sample, knobs) -> tuple[float, float]:
     """Predicted microseconds of ``sample``'s plan and of its data-parallel baseline."""
     cost = cost_model.priced(adjusted(sample.price, *knobs))
@@ -133,34 +127,41 @@ def times(sample: Sample, knobs) -> tuple[float, float]:
     return t, cost_model.predicted_time(sample.dp_plan, cost=cost, fixup="workspace")
 
 
+def _squared_log_errors(data: list[Sample], predicted: list[tuple[float, float]]) -> list:
+    """Per kernel and per baseline (each once), the squared log error of the predicted time."""
+    kernels, baselines = [], {}
+    for s, (t, t_dp) in zip(data, predicted):
+        kernels.append((math.log(t) - math.log(s.measured_us)) ** 2)
+        baselines[s.baseline] = (math.log(t_dp) - math.log(s.measured_dp_us)) ** 2
+    return kernels + list(baselines.values())
+
+
 def error(data: list[Sample], knobs) -> float:
     """Squared log errors of the predicted times, the kernels' and their baselines' (each
     baseline once)."""
-    total, baselines = 0.0, {}
-    for s in data:
-        t, t_dp = times(s, knobs)
-        total += (math.log(t) - math.log(s.measured_us)) ** 2
-        baselines[s.baseline] = (math.log(t_dp) - math.log(s.measured_dp_us)) ** 2
-    return total + sum(baselines.values())
+    return sum(_squared_log_errors(data, [times(s, knobs) for s in data]))
 
 
 def summary(data: list[Sample], knobs) -> dict:
-    pairs = [(predicted(s, knobs), s.measured) for s in data]
-    decided = [(predicted(s, knobs), s) for s in data if s.decided]
+    predicted = [times(s, knobs) for s in data]
+    errors = _squared_log_errors(data, predicted)
+    speedups = [t_dp / t for t, t_dp in predicted]
+    decided = [(p, s) for p, s in zip(speedups, data) if s.decided]
     margin = 1.0 / (1.0 - physical.MIN_GAIN)
-    kept = [(p, s) for p, s in decided if p >= margin]
     return {
-        "rms_log_error": math.sqrt(
-            error(data, knobs) / (len(data) + len({s.baseline for s in data}))
-        ),
-        "sign_right": sum((p > 1) == (m > 1) for p, m in pairs),
-        "kept": kept,
+        "rms_log_error": math.sqrt(sum(errors) / len(errors)),
+        "sign_right": sum((p > 1) == (s.measured > 1) for p, s in zip(speedups, data)),
+        "kept": [(p, s) for p, s in decided if p >= margin],
         "dropped": [(p, s) for p, s in decided if p < margin],
     }
 
 
-def render(data: list[Sample], fitted, default=(1.0, 0.0, 0.0, 0.0)) -> str:
-    before, after = summary(data, default), summary(data, fitted)
+def _geomean_measured(items) -> str:
+    return f"{report._geomean([s.measured for _, s in items]):.3g}" if items else "-"
+
+
+def render(data: list[Sample], fitted) -> str:
+    before, after = summary(data, SHIPPED), summary(data, fitted)
     scale, fill, handoff, launch = fitted
     lines = [
         f"{len(data)} kernels ({sum(s.decided for s in data)} decided by the heuristic).",
@@ -174,13 +175,11 @@ def render(data: list[Sample], fitted, default=(1.0, 0.0, 0.0, 0.0)) -> str:
         "|---|---|---|---|---|",
     ]
     for label, s in (("as shipped", before), ("fitted", after)):
-
-        def gm(items):
-            return f"{report._geomean([x.measured for _, x in items]):.3g}" if items else "-"
-
+        kept, dropped = s["kept"], s["dropped"]
         lines.append(
             f"| {label} | {s['rms_log_error']:.3f} | {s['sign_right']} of {len(data)} | "
-            f"{len(s['kept'])} ({gm(s['kept'])}) | {len(s['dropped'])} ({gm(s['dropped'])}) |"
+            f"{len(kept)} ({_geomean_measured(kept)}) | "
+            f"{len(dropped)} ({_geomean_measured(dropped)}) |"
         )
     lost = [s for p, s in after["kept"] if s.measured < 0.97]
     dropped_wins = [s for p, s in after["dropped"] if s.measured > 1.03]
@@ -207,7 +206,7 @@ def fit(data: list[Sample], passes: int = 3, log=print):
     apart (a segment's fill and a launch, on plans of one segment per block) may trade places
     (tests/gpu_pack/test_fit_physical.py)."""
     axes = (COMPUTE_SCALE, FILL_EXTRA_US, HANDOFF_EXTRA_US, LAUNCH_EXTRA_US)
-    knobs = [1.0, 0.0, 0.0, 0.0]
+    knobs = list(SHIPPED)
     scores: dict = {}
 
     def score(candidate) -> float:

@@ -394,18 +394,25 @@ def _correlation(points: list[tuple[float, float]]) -> float:
     return sxy / math.sqrt(sxx * syy) if sxx and syy else math.nan
 
 
-def calibration(rows: list[dict]) -> list[str]:
-    """Fitted cost-model constants per schedule source and fix-up (needs tvm_streamk)."""
-    from tvm_streamk import cost_model
+def plan_of(record: dict):
+    """The :class:`~tvm_streamk.decomposition.Plan` a manifest's plan record holds (needs
+    tvm_streamk; the record's extra fields, such as ``label``, dropped)."""
     from tvm_streamk.decomposition import Plan
 
     fields = {f.name for f in dataclasses.fields(Plan)}
+    return Plan(**{k: v for k, v in record.items() if k in fields})
+
+
+def calibration(rows: list[dict]) -> list[str]:
+    """Fitted cost-model constants per schedule source and fix-up (needs tvm_streamk)."""
+    from tvm_streamk import cost_model
+
     groups = defaultdict(list)
     for r in _timed(rows):
         e = r["entry"]
         if e["runtime_grid"]:
             continue
-        plan = Plan(**{k: v for k, v in e["plan"].items() if k in fields})
+        plan = plan_of(e["plan"])
         groups[(e["schedule_source"], e["fixup"] or "workspace")].append(
             (plan, r["median_ms"] / 1e3)
         )
