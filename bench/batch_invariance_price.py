@@ -73,6 +73,11 @@ def _measure(source, mnk, arch, policy, invariant) -> dict:
     }
 
 
+def _us(t: float) -> str:
+    """Three significant figures, whole microseconds from 100 on (no exponent)."""
+    return f"{t:.0f}" if t >= 100 else f"{t:.3g}"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="markdown file (default: stdout)")
@@ -97,7 +102,7 @@ def main(argv=None) -> int:
                     f"{plain['registers']} / {ours['registers']} | "
                     f"{plain['spills']} / {ours['spills']} | "
                     f"{plain['shared']} / {ours['shared']} | "
-                    f"{plain['predicted']:.3g} / {ours['predicted']:.3g} ({change:+.0%}) |"
+                    f"{_us(plain['predicted'])} / {_us(ours['predicted'])} ({change:+.0%}) |"
                 )
                 print(rows[-1], flush=True)
     text = "\n".join(rows) + "\n"

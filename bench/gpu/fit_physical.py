@@ -2,10 +2,11 @@
 
 The model (:mod:`tvm_streamk.cost_model.physical`) prices a kernel from its traits and a GPU's
 published figures with a few constants: the share of the peak a main loop reaches
-(``EFFICIENCY``), a segment's fill (``FILL_US``), a partial tile's hand-off (``HANDOFF_US``) and
-a launch (``LAUNCH_US``). This script rebuilds the traits of every kernel of a run (the
+(``EFFICIENCY``), a segment's fill (``FILL_US``), a partial tile's hand-off (``HANDOFF_US``),
+a launch (``LAUNCH_US``), and how an SM's throughput falls with fewer resident blocks than
+saturate it (``OCCUPANCY_EXPONENT``). This script rebuilds the traits of every kernel of a run (the
 schedule only, no compile), prices each measured kernel and its data-parallel baseline under
-adjustments to those constants (coordinate descent over a grid), and keeps the ones whose
+adjustments to those constants (greedy descent over a grid), and keeps the ones whose
 predicted times, each kernel's and its data-parallel baseline's, are closest to the measured
 ones (least squares on their logarithms), priced for the GPU the run measured. It prints the
 fit and, of the heuristic's measured decisions, which the refit model would still take over
@@ -15,7 +16,7 @@ Nothing here changes the package's constants.
 
 Usage::
 
-    python -m bench.gpu.fit_physical --run gpu-out [--out FILE]
+    python -m bench.gpu.fit_physical --run gpu-out [--hold-out] [--start before] [--out FILE]
 """
 
 from __future__ import annotations
@@ -35,14 +36,17 @@ from tvm_streamk.analysis import first_site
 from tvm_streamk.cost_model import physical
 from tvm_streamk.decomposition import Plan
 
-# The adjustments tried: a factor on the main loop's time per iteration, and extra
-# microseconds per segment, per partial tile and per launch.
-COMPUTE_SCALE = (0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25)
-FILL_EXTRA_US = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0)
-HANDOFF_EXTRA_US = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
-LAUNCH_EXTRA_US = (0.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+# The adjustments tried, around the shipped constants: a factor on the main loop's time per
+# iteration, and microseconds more (or fewer) per segment, per partial tile and per launch.
+COMPUTE_SCALE = (0.5, 0.625, 0.8, 0.9, 1.0, 1.1, 1.25, 1.6, 2.0, 2.5)
+FILL_EXTRA_US = (-2.0, -1.0, 0.0, 1.0, 2.0, 4.0, 8.0, 16.0)
+HANDOFF_EXTRA_US = (-2.0, -1.0, 0.0, 1.0, 2.0, 4.0, 6.0, 8.0, 16.0, 32.0)
+LAUNCH_EXTRA_US = (-2.0, 0.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+# How an SM's throughput falls with fewer resident blocks than saturate it
+# (``CostParams.occupancy_exponent``).
+OCCUPANCY_EXPONENT = (1.0, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0)
 # No adjustment: the constants as shipped, where the descent starts.
-SHIPPED = (1.0, 0.0, 0.0, 0.0)
+SHIPPED = (1.0, 0.0, 0.0, 0.0, physical.OCCUPANCY_EXPONENT["ffma"])
 
 
 @dataclasses.dataclass
@@ -56,6 +60,9 @@ class Sample:
     measured_dp_us: float
     baseline: str  # the data-parallel kernel's name
     decided: bool  # a decomposition the heuristic chose over data-parallel
+    # Resident blocks that keep an SM busy, as the decision counts them (cost_model.saturation
+    # of the data-parallel kernel's warps and occupancy).
+    saturation: int | None = None
 
     @property
     def measured(self) -> float:
@@ -74,8 +81,14 @@ def measured_gpu(run: report.Run):
     return spec
 
 
-def samples(run: report.Run, log=print) -> list[Sample]:
-    """Every timed SIMT kernel with a planned grid, a data-parallel baseline and a price."""
+# The schedules fitted: static SIMT GEMMs. The dynamic-M builds (``dlight_dynamic``) are
+# reported beside the fit, not fitted: their data-parallel path is a persistent kernel.
+FITTED_SOURCES = ("reference", "dlight")
+
+
+def samples(run: report.Run, log=print, sources=FITTED_SOURCES) -> list[Sample]:
+    """Every timed kernel of ``sources`` with a planned grid, a data-parallel baseline and a
+    price."""
     rows = report.joined(run)
     base = report._baselines(rows)
     target = tvm.target.Target(run.manifest["target"])
@@ -85,8 +98,8 @@ def samples(run: report.Run, log=print) -> list[Sample]:
     for r in report._timed(rows):
         e = r["entry"]
         dp = base.get(report._key(e))
-        simt = e["schedule_source"] in ("reference", "dlight")
-        if dp is None or e["variant"] == "data_parallel" or not simt or e["runtime_grid"]:
+        wanted = e["schedule_source"] in sources
+        if dp is None or e["variant"] == "data_parallel" or not wanted or e["runtime_grid"]:
             continue
         shape = (e["schedule_source"], *e["shape"].values())
         if shape not in traits:
@@ -105,26 +118,39 @@ def samples(run: report.Run, log=print) -> list[Sample]:
                 dp["median_ms"] * 1e3,
                 dp["name"],
                 e["variant"] == "heuristic" and e["plan"]["policy"] != "data_parallel",
+                _saturation(dp["entry"]),
             )
         )
     return out
 
 
-def adjusted(price: physical.Price, scale, fill, handoff, launch) -> physical.Price:
+def _saturation(dp_entry: dict) -> int:
+    """What the decision takes for an SM's saturation: ``cost_model.saturation`` of the
+    data-parallel kernel's warps per block and resident blocks per SM."""
+    resources = dp_entry["resources"]
+    threads = resources["kernels"][resources["main"]]["threads"]
+    bps = dp_entry["data_parallel_plan"]["blocks_per_sm"]
+    return cost_model.saturation(-(-threads // 32), bps)
+
+
+def adjusted(price: physical.Price, scale, fill, handoff, launch, exponent) -> physical.Price:
     return dataclasses.replace(
         price,
         compute_us=price.compute_us * scale,
         segment_us=price.segment_us + fill,
         fix_us=price.fix_us + handoff,
         launch_us=price.launch_us + launch,
+        occupancy_exponent=exponent,
     )
 
 
 def times(sample: Sample, knobs) -> tuple[float, float]:
     """Predicted microseconds of ``sample``'s plan and of its data-parallel baseline."""
     cost = cost_model.priced(adjusted(sample.price, *knobs))
-    t = cost_model.predicted_time(sample.plan, cost=cost, fixup=sample.fixup)
-    return t, cost_model.predicted_time(sample.dp_plan, cost=cost, fixup="workspace")
+    busy = sample.saturation
+    t = cost_model.predicted_time(sample.plan, cost=cost, fixup=sample.fixup, saturation=busy)
+    t_dp = cost_model.predicted_time(sample.dp_plan, cost=cost, fixup="workspace", saturation=busy)
+    return t, t_dp
 
 
 def _squared_log_errors(data: list[Sample], predicted: list[tuple[float, float]]) -> list:
@@ -138,8 +164,23 @@ def _squared_log_errors(data: list[Sample], predicted: list[tuple[float, float]]
 
 def error(data: list[Sample], knobs) -> float:
     """Squared log errors of the predicted times, the kernels' and their baselines' (each
-    baseline once)."""
-    return sum(_squared_log_errors(data, [times(s, knobs) for s in data]))
+    baseline once); infinite where an adjustment makes a cost negative."""
+    try:
+        return sum(_squared_log_errors(data, [times(s, knobs) for s in data]))
+    except cost_model.CostModelError:
+        return math.inf
+
+
+def start_from(efficiency: float, fill_us: float, handoff_us: float, exponent: float) -> None:
+    """Make ``efficiency``, ``fill_us``, ``handoff_us`` and ``exponent`` the FFMA constants the
+    descent starts from, in place of the shipped ones (a fit from other constants, such as the
+    ones before a fit, to check that it lands near the shipped ones)."""
+    global SHIPPED
+    physical.EFFICIENCY["ffma"] = efficiency
+    physical.FILL_US["ffma"] = fill_us
+    physical.HANDOFF_US["ffma"] = handoff_us
+    physical.OCCUPANCY_EXPONENT["ffma"] = exponent
+    SHIPPED = (1.0, 0.0, 0.0, 0.0, exponent)
 
 
 def summary(data: list[Sample], knobs) -> dict:
@@ -160,24 +201,44 @@ def _geomean_measured(items) -> str:
     return f"{report._geomean([s.measured for _, s in items]):.3g}" if items else "-"
 
 
-def render(data: list[Sample], fitted) -> str:
-    before, after = summary(data, SHIPPED), summary(data, fitted)
-    scale, fill, handoff, launch = fitted
+def split_by_shape(data: list[Sample]) -> tuple[list[Sample], list[Sample]]:
+    """Every other shape (by its data-parallel kernel's name, sorted) held out of the fit."""
+    shapes = sorted({s.baseline for s in data})
+    held = set(shapes[1::2])
+    return [s for s in data if s.baseline not in held], [s for s in data if s.baseline in held]
+
+
+def render(
+    data: list[Sample], fitted, held_out: list[Sample] = (), others=(), start="as shipped"
+) -> str:
+    """The fit beside the shipped constants on ``data`` (what was fitted) and, where given, on
+    ``held_out`` (shapes the fit did not see) and on each ``(label, samples)`` of ``others``
+    (kernels of other kinds, not fitted)."""
+    scale, fill, handoff, launch, exponent = fitted
+    rows = [(start, data, SHIPPED), ("fitted", data, fitted)]
+    for label, part in [("held-out shapes", held_out), *others]:
+        if part:
+            rows += [(f"{start}, {label}", part, SHIPPED), (f"fitted, {label}", part, fitted)]
+    summaries = [(label, part, summary(part, knobs)) for label, part, knobs in rows]
+    after = summaries[1][2]
     lines = [
-        f"{len(data)} kernels ({sum(s.decided for s in data)} decided by the heuristic).",
+        f"{len(data)} kernels fitted ({sum(s.decided for s in data)} decided by the heuristic)"
+        + (f", {len(held_out)} held out" if held_out else "")
+        + ".",
         "",
         f"Fit: main loop x{scale}, segment +{fill} us, partial tile +{handoff} us, "
-        f"launch +{launch} us (FILL_US {physical.FILL_US + fill}, HANDOFF_US "
-        f"{physical.HANDOFF_US + handoff}, LAUNCH_US {physical.LAUNCH_US + launch}).",
+        f"launch +{launch} us, occupancy exponent {exponent} (FFMA: FILL_US "
+        f"{physical.FILL_US['ffma'] + fill}, HANDOFF_US {physical.HANDOFF_US['ffma'] + handoff}, "
+        f"LAUNCH_US {physical.LAUNCH_US + launch}, OCCUPANCY_EXPONENT {exponent}).",
         "",
         "| model | rms log error of the predicted times | sign right | heuristic decisions kept "
         "(measured geomean) | dropped (measured geomean) |",
         "|---|---|---|---|---|",
     ]
-    for label, s in (("as shipped", before), ("fitted", after)):
+    for label, part, s in summaries:
         kept, dropped = s["kept"], s["dropped"]
         lines.append(
-            f"| {label} | {s['rms_log_error']:.3f} | {s['sign_right']} of {len(data)} | "
+            f"| {label} | {s['rms_log_error']:.3f} | {s['sign_right']} of {len(part)} | "
             f"{len(kept)} ({_geomean_measured(kept)}) | "
             f"{len(dropped)} ({_geomean_measured(dropped)}) |"
         )
@@ -199,13 +260,13 @@ def _measured(sample: Sample) -> float:
     return sample.measured
 
 
-def fit(data: list[Sample], passes: int = 3, log=print):
-    """Coordinate descent over the grid's axes (the model simulates every block of a plan, so
-    the whole grid would take hours): each axis in turn set to its best value, the others
-    held, until a pass changes nothing. It finds a local minimum: costs the plans cannot tell
-    apart (a segment's fill and a launch, on plans of one segment per block) may trade places
-    (tests/gpu_pack/test_fit_physical.py)."""
-    axes = (COMPUTE_SCALE, FILL_EXTRA_US, HANDOFF_EXTRA_US, LAUNCH_EXTRA_US)
+def fit(data: list[Sample], steps: int = 30, log=print):
+    """Greedy descent over the grid (the model simulates every block of a plan, so the whole
+    grid would take hours): each step makes the single change of one constant to a value of
+    its axis that lowers the error most, until none does. It finds a local minimum: costs
+    the plans cannot tell apart (a segment's fill, a hand-off and a launch, on plans of one
+    segment per block) may trade places (tests/gpu_pack/test_fit_physical.py)."""
+    axes = (COMPUTE_SCALE, FILL_EXTRA_US, HANDOFF_EXTRA_US, LAUNCH_EXTRA_US, OCCUPANCY_EXPONENT)
     knobs = list(SHIPPED)
     scores: dict = {}
 
@@ -216,12 +277,16 @@ def fit(data: list[Sample], passes: int = 3, log=print):
             log(f"{key}: {scores[key]:.2f}")
         return scores[key]
 
-    for _ in range(passes):
-        before = list(knobs)
-        for axis, values in enumerate(axes):
-            knobs[axis] = min(values, key=lambda v: score(knobs[:axis] + [v] + knobs[axis + 1 :]))
-        if knobs == before:
+    for _ in range(steps):
+        moves = [
+            (score(knobs[:axis] + [v] + knobs[axis + 1 :]), axis, v)
+            for axis, values in enumerate(axes)
+            for v in values
+        ]
+        best, axis, value = min(moves)
+        if best >= score(knobs):
             break
+        knobs[axis] = value
     return tuple(knobs)
 
 
@@ -235,14 +300,36 @@ def main(argv=None) -> int:
         default=1200,
         help="fit on kernels of at most this many tiles (the model's time grows with them)",
     )
+    parser.add_argument(
+        "--hold-out",
+        action="store_true",
+        help="fit on every other shape and report the rest beside it (a check on the fit)",
+    )
+    parser.add_argument(
+        "--start",
+        metavar="EFFICIENCY,FILL_US,HANDOFF_US,EXPONENT",
+        help="the FFMA constants to start from instead of the shipped ones; 'before' for those "
+        "before the H200 fit (0.6,0.5,1.0,1.0)",
+    )
     args = parser.parse_args(argv)
+    if args.start:
+        text = "0.6,0.5,1.0,1.0" if args.start == "before" else args.start
+        try:
+            efficiency, fill, handoff, exponent = (float(v) for v in text.split(","))
+        except ValueError:
+            parser.error(f"--start takes four numbers or 'before', found {args.start!r}")
+        start_from(efficiency, fill, handoff, exponent)
 
     def log(message):
         print(message, file=sys.stderr)
 
-    data = samples(report.Run.from_folder(args.run), log=log)
-    data = [s for s in data if s.plan.tiles <= args.max_tiles]
-    report.emit(render(data, fit(data, log=log)), args.out)
+    run = report.Run.from_folder(args.run)
+    data = [s for s in samples(run, log=log) if s.plan.tiles <= args.max_tiles]
+    dynamic = samples(run, log=log, sources=("dlight_dynamic",))
+    fitted, held_out = split_by_shape(data) if args.hold_out else (data, [])
+    others = [("dynamic-M builds (not fitted)", dynamic)]
+    start = f"from --start {args.start}" if args.start else "as shipped"
+    report.emit(render(fitted, fit(fitted, log=log), held_out, others, start), args.out)
     return 0
 
 

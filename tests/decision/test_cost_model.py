@@ -55,6 +55,33 @@ def test_atomic_fixup_zeroes_first_and_never_waits():
     assert predicted_time(p, cost=slow, fixup="atomic") == 5.0 + 1.0 + 8.0 + 6.0 + 20.0
 
 
+def test_an_sm_below_saturation_runs_at_its_occupancy_law():
+    # One tile of 8 panels on an SM whose saturation is 4 blocks: latency-bound (exponent 1)
+    # the lone block runs an iteration in 4 units; with exponent 0.5 in 4 ** 0.5 = 2.
+    p = plan(1, 8, 1, 4, policy="data_parallel")
+    bound = CostParams(c_seg=0.0, c_fix=0.0, c_block=0.0)
+    assert predicted_time(p, cost=bound, saturation=4) == 32.0
+    half = CostParams(c_seg=0.0, c_fix=0.0, c_block=0.0, occupancy_exponent=0.5)
+    assert predicted_time(p, cost=half, saturation=4) == 16.0
+    # At saturation the law does not apply: four tiles, four blocks, one unit per iteration
+    # each, shared by the four.
+    four = plan(4, 8, 1, 4, policy="data_parallel")
+    assert predicted_time(four, cost=half, saturation=4) == predicted_time(
+        four, cost=bound, saturation=4
+    )
+
+
+def test_the_owner_pays_one_hand_off_and_the_other_partials_at_their_bytes():
+    # One tile of 8 panels split in 4 on 4 SMs: the owner reads 3 partials. At read_fraction 1
+    # each costs c_fix (3 x 3); at 0.25 the first costs c_fix and the other two a quarter each.
+    p = plan(1, 8, 4, policy="split_k", splits=4)
+    whole = predicted_time(p, cost=HAND)
+    cheap = predicted_time(
+        p, cost=CostParams(c_seg=4.0, c_fix=3.0, c_block=1.0, read_fraction=0.25)
+    )
+    assert whole - cheap == pytest.approx(2 * 3.0 * 0.75)
+
+
 def test_unknown_fixup():
     with pytest.raises(
         CostModelError, match=r"fixup must be one of \['atomic', 'workspace', 'separate'\]"
@@ -159,6 +186,8 @@ def test_choose_rejects_a_foreign_cost():
         ({"c_fix": -1.0}, "c_fix must be a finite non-negative number"),
         ({"c_seg": float("nan")}, "c_seg must be a finite"),
         ({"min_gain": 1.0}, r"min_gain must be in \[0, 1\)"),
+        ({"occupancy_exponent": 1.5}, r"occupancy_exponent must be a number in \[0, 1\]"),
+        ({"read_fraction": -0.1}, r"read_fraction must be a number in \[0, 1\]"),
     ],
 )
 def test_cost_params_reject(kwargs, message):

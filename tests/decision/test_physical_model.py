@@ -70,6 +70,22 @@ def test_the_roofline_is_the_larger_of_math_and_bytes():
     assert cost_model.roofline_us(gemv, spec) == pytest.approx(bytes_us)
 
 
+def test_a_one_row_gemm_of_many_peers_per_tile_takes_stream_k():
+    # Measured on the H200 (bench/gpu/results/2026-12-04-h200): dlight's fp32 tile (32 x 64,
+    # 16-deep panels) of a 1 x 768 x 3072 GEMM, 12 tiles on 924 blocks (77 per tile), ran in
+    # 19.6 us with atomics and 31.5 us with the workspace fix-up, against 187 us data-parallel.
+    # The owner reads 76 partials back to back at their bytes, not 76 hand-offs. The model
+    # predicts 189 us data-parallel, 26 us (workspace) and 24 us (atomic).
+    for fixup in ("workspace", "atomic"):
+        cost = _cost(1, 768, 3072, H200, "float32", "ffma", fixup, tile=(32, 64, 16))
+        chosen = decomposition.plan(12, 192, 132, 7, cost=cost, fixup=fixup, saturation=4)
+        dp = decomposition.plan(12, 192, 132, 7, policy="data_parallel")
+        t_dp = predicted_time(dp, cost=cost, fixup=fixup, saturation=4)
+        t = predicted_time(chosen, cost=cost, fixup=fixup, saturation=4)
+        assert chosen.policy == "stream_k", chosen.reason
+        assert 3.0 < t_dp / t < 12.0, (fixup, t_dp, t)
+
+
 def test_a_bandwidth_bound_gemv_gains_little_from_splitting():
     # docs/models.md used to predict 184x for this layer, counting iterations: its weight
     # has to come from memory whatever the split.

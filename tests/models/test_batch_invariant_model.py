@@ -22,7 +22,8 @@ from tvm_streamk._compat import dlight, param_buffers, structural_walk
 from tvm_streamk.dlight import StreamKMatmul
 from tvm_streamk.relax_pipeline import fusion_passes
 
-pytestmark = pytest.mark.usefixtures("opencl")
+# A whole model (docs/testing.md): slow.
+pytestmark = [pytest.mark.usefixtures("opencl"), pytest.mark.slow]
 
 HIDDEN, FFN = 64, 160
 ALONE, BATCHED = 7, (129, 1000)

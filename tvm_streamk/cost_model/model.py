@@ -14,7 +14,8 @@ Times are in *units*: one K-panel iteration of one tile (its MMA work and operan
   ``"workspace"``
       a peer writes its partial to the workspace after its segment; the owner (the
       ``k_begin == 0`` segment, see :mod:`tvm_streamk.decomposition`) waits until every peer's
-      partial is written, then reads ``peers - 1`` of them before its epilogue. This is the
+      partial is written, then reads ``peers - 1`` of them before its epilogue: the first at
+      ``c_fix``, the others at ``read_fraction`` of it (their bytes, read back to back). This is the
       Stream-K paper's fixup. The lowering's fixup lets the *last* peer to arrive read the
       partials instead, so no block stalls: the tile completes at the same modelled time, and
       the owner is free earlier, so the model is slightly pessimistic for the generated code.
@@ -30,11 +31,11 @@ Times are in *units*: one K-panel iteration of one tile (its MMA work and operan
 Per SM. The unit is one K-panel iteration of one tile at the SM's full throughput. Blocks are
 list-scheduled in launch order onto ``num_sms * blocks_per_sm`` resident slots (each block
 starts on the slot that frees first), and the ``blocks_per_sm`` blocks resident on one SM share
-it: a block runs an iteration in ``max(resident, saturation)`` units, where ``resident`` is the
-number of blocks of its wave on its SM (the wave spread evenly over the SMs, at most
-``blocks_per_sm``) and ``saturation`` the number of resident blocks that keeps an SM busy
-(:func:`saturation`; by default the plan's own ``blocks_per_sm``). So an SM holding fewer blocks
-than ``saturation`` runs at that fraction of its throughput (latency-bound), one holding more
+it: ``resident`` blocks (those of its wave on its SM, the wave spread evenly over the SMs, at
+most ``blocks_per_sm``) share it, and it runs at full throughput from ``saturation`` resident
+blocks on (:func:`saturation`; by default the plan's own ``blocks_per_sm``). An SM holding fewer
+runs at ``(resident / saturation) ** occupancy_exponent`` of its throughput
+(:attr:`CostParams.occupancy_exponent`: 1, the latency-bound limit, in units); one holding more
 shares its full throughput among them, and more resident blocks are no free work.
 Segment and fix-up costs are latencies and are not shared. The predicted time is the makespan.
 The owner waits make start times depend on finish times, so the schedule is iterated to a fixed
@@ -99,6 +100,18 @@ class CostParams:
         Resident warps that keep an SM busy: four per warp scheduler of the four an SM has, the
         usual minimum to hide arithmetic and shared-memory latency (uncalibrated).
         :func:`saturation` turns it into blocks of a kernel.
+    occupancy_exponent : float
+        How an SM's throughput falls below saturation: with ``r`` of ``saturation`` blocks
+        resident it runs at ``(r / saturation) ** occupancy_exponent`` of its full rate. 1 (the
+        default in units) is the latency-bound limit, where throughput is proportional to the
+        resident warps; 0 would make one block as fast as a full SM. A priced kernel takes its
+        price's (:data:`~tvm_streamk.cost_model.physical.OCCUPANCY_EXPONENT` of its
+        instruction class).
+    read_fraction : float
+        What the owner of a split tile pays for each peer's partial after the first, as a
+        fraction of ``c_fix``: the first pays the hand-off (the wait, the fence, the atomic),
+        the rest only their bytes, read back to back. 1 (the default in units) prices every read
+        as a whole hand-off; a priced kernel takes its price's bytes over its ``c_fix``.
     """
 
     c_iter: float = 1.0
@@ -116,6 +129,8 @@ class CostParams:
     # is a chunk, and every chunk of every tile is its own segment whose partial is written
     # (``c_fix``), the tile's last chunk reading all of them back, split or not.
     chunk_merges: bool = False
+    occupancy_exponent: float = 1.0
+    read_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         for name in FEATURES:
@@ -128,6 +143,12 @@ class CostParams:
             raise CostModelError(f"CostParams.c_iter must be positive, found {self.c_iter!r}")
         if not 0 <= self.min_gain < 1:
             raise CostModelError(f"CostParams.min_gain must be in [0, 1), found {self.min_gain!r}")
+        for name in ("occupancy_exponent", "read_fraction"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 <= value <= 1):
+                raise CostModelError(
+                    f"CostParams.{name} must be a number in [0, 1], found {value!r}"
+                )
         if not isinstance(self.saturation_warps, int) or self.saturation_warps < 1:
             raise CostModelError(
                 f"CostParams.saturation_warps must be a positive int, found "
@@ -160,6 +181,8 @@ def priced(price, min_gain: float | None = None) -> CostParams:
         seconds_per_unit=1e-6,
         min_gain=MIN_GAIN if min_gain is None else min_gain,
         price=price,
+        occupancy_exponent=price.occupancy_exponent,
+        read_fraction=min(1.0, price.read_us / price.fix_us) if price.fix_us > 0 else 1.0,
     )
 
 
@@ -249,12 +272,14 @@ def saturation(warps_per_block: int, dp_blocks_per_sm: int, cost: CostParams = D
 
 
 def _shares(
-    p: Plan, num_sms: int, blocks_per_sm: int, saturation: int | None, price=None
+    p: Plan, num_sms: int, blocks_per_sm: int, saturation: int | None, cost: CostParams
 ) -> list[float]:
     """Units (or, priced, microseconds) each block takes per iteration: its SM is shared by the
     blocks of its wave resident there (spread evenly over the SMs), and runs at full throughput
-    from ``saturation`` on. Priced, an iteration at full throughput takes the longer of its math
-    and its device-memory traffic, which depends on how many SMs are active."""
+    from ``saturation`` on, below it at ``(resident / saturation) ** cost.occupancy_exponent``
+    of it. Priced, an iteration at full throughput takes the longer of its math and its
+    device-memory traffic, which depends on how many SMs are active."""
+    price, exponent = cost.price, cost.occupancy_exponent
     busy = blocks_per_sm if saturation is None else saturation
     if isinstance(busy, bool) or not isinstance(busy, int) or busy < 1:
         raise CostModelError(f"saturation must be a positive int, found {busy!r}")
@@ -263,7 +288,8 @@ def _shares(
     for b in range(p.grid):
         in_wave = min(slots, p.grid - b // slots * slots)
         resident = min(blocks_per_sm, -(-in_wave // num_sms))
-        share = float(max(resident, busy))
+        # ``resident`` blocks share an SM running at (resident / busy) ** exponent of its rate.
+        share = float(resident) if resident >= busy else resident ** (1 - exponent) * busy**exponent
         if price is not None:
             active = min(num_sms, in_wave)
             share *= price.iteration_us(active, in_wave, p.tiles, p.panels)
@@ -304,7 +330,9 @@ def _simulate(p: Plan, slots: int, cost: CostParams, fixup: str, shares: list[fl
                     peers_done = ready.get(tile)
                     if peers_done is not None and _value(peers_done, c) > _value(t, c):
                         t = peers_done
-                    t = _add(t, (0.0, 0.0, float(p.peers(tile) - 1), 0.0))
+                    # The first peer's partial costs a hand-off, the others their bytes.
+                    reads = 1.0 + (p.peers(tile) - 2) * cost.read_fraction
+                    t = _add(t, (0.0, 0.0, reads, 0.0))
                 elif role == _WRITER:
                     t = _add(t, (0.0, 0.0, 1.0, 0.0))
                     seen = new_ready.get(tile)
@@ -356,7 +384,7 @@ def critical_features(
     tuple of float
     """
     num_sms, blocks_per_sm = _resident(p, num_sms, blocks_per_sm)
-    shares = _shares(p, num_sms, blocks_per_sm, saturation, cost.price)
+    shares = _shares(p, num_sms, blocks_per_sm, saturation, cost)
     return _simulate(p, num_sms * blocks_per_sm, cost, fixup, shares)
 
 

@@ -14,18 +14,25 @@ microseconds (:func:`price`):
   more than its share, up to ``SM_BANDWIDTH_HEADROOM`` times;
 * **a segment** pays a pipeline fill (``FILL_US``) and stores its tile's output;
 * **a partial tile** moved by a fix-up is written and read through L2 (``L2_OVER_DEVICE`` times
-  the device-memory rate) after a fence and an atomic (``HANDOFF_US``). Stores and partials
-  move at scattered times rather than in lockstep over the chip, so an SM moves them at its
-  own port's rate, ``SM_BANDWIDTH_HEADROOM`` times its even share of the device bandwidth;
-* **a block** costs ``BLOCK_US`` to schedule, **a launch** ``LAUNCH_US``.
+  the device-memory rate) after a fence and an atomic (``HANDOFF_US``); the owner of a tile of
+  many peers pays the hand-off once and reads the other partials back to back, at their bytes'
+  cost. Stores and partials move at scattered times rather than in lockstep over the chip, so
+  an SM moves them at its own port's rate, ``SM_BANDWIDTH_HEADROOM`` times its even share of
+  the device bandwidth;
+* **a block** costs ``BLOCK_US`` to schedule, **a launch** ``LAUNCH_US``;
+* **an SM with fewer resident blocks than keep it busy** runs at ``(resident / saturation) **
+  OCCUPANCY_EXPONENT`` of its throughput (:mod:`.model`).
 
 :func:`roofline_us` is the floor no prediction goes below: the GEMM's FLOPs at the peak and its
 compulsory bytes (A, B and C once) at the device bandwidth.
 
-The constants below are not fitted to a GPU yet; their uncertainty is the reason for the
-heuristic's margin (:data:`MIN_GAIN`). docs/heuristic.md sets the model's predictions beside
-every published measurement the project found and beside the project's own H200 run, where
-data-parallel SIMT kernels took 1.25x their predicted time and split ones 1.5-2.2x.
+The constants are per instruction class. The CUDA-core ones are fitted to the project's H200
+run of TVM's SIMT schedules (216 kernels; fitted to half the shapes, the rms log error of the
+predicted times on the other half went from 0.65 to 0.16); the tensor-core ones are set
+against CUTLASS's published Stream-K measurement and are not fitted. Their remaining
+uncertainty is the reason for the heuristic's margin (:data:`MIN_GAIN`). docs/heuristic.md
+sets the model's predictions beside every published measurement the project found and beside
+the H200 run.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from .gpu_specs import GPUSpec
 __all__ = [
     "EFFICIENCY",
     "MIN_GAIN",
+    "OCCUPANCY_EXPONENT",
     "KernelTraits",
     "Price",
     "UnpricedError",
@@ -46,13 +54,19 @@ __all__ = [
     "roofline_us",
 ]
 
-# The fraction of an instruction class's peak a TVM-scheduled main loop reaches on the SMs it
-# runs on. FFMA: cuBLAS's SGEMM reaches 60% of the RTX A6000's FP32 peak at 4096^3 (23.3 of
-# 38.7 TFLOP/s, docs/heuristic.md), and a TVM schedule is taken to do no better. mma.sync and
-# WMMA: CUTLASS's 128x128x32 kernel reaches 87% of A100's clock-scaled tensor peak on its
-# active SMs (docs/heuristic.md); TVM's WMMA schedules stage through shared memory without
-# CUTLASS's pipelining, and Hopper's peak needs wgmma, which they do not use: 60%.
-EFFICIENCY = {"ffma": 0.6, "mma": 0.6}
+# The constants per instruction class: "ffma" (CUDA cores) fitted to the project's H200 run of
+# TVM's SIMT schedules; "mma" (tensor cores) set against CUTLASS's published kernel, because
+# that run measured five tensor-core shapes of a WMMA schedule 6x off any tensor-core figure.
+# docs/heuristic.md ("Beside this project's own GPU run") has the fit and its check on shapes
+# it did not see (``python -m bench.gpu.fit_physical --run gpu-out --hold-out``).
+#
+# The fraction of an instruction class's peak a TVM-scheduled main loop reaches on a busy SM.
+# FFMA: fitted, 0.27 (cuBLAS's SGEMM reaches 60% of the RTX A6000's FP32 peak; dlight's SIMT
+# schedule measured 0.45 of that rate per iteration on a busy SM). mma.sync and WMMA:
+# CUTLASS's 128x128x32 kernel reaches 87% of A100's clock-scaled tensor peak on its active SMs
+# (docs/heuristic.md); TVM's WMMA schedules stage through shared memory without CUTLASS's
+# pipelining, and Hopper's peak needs wgmma, which they do not use: 60%.
+EFFICIENCY = {"ffma": 0.27, "mma": 0.6}
 # How far above its even share of device-memory bandwidth one SM among few active ones draws.
 SM_BANDWIDTH_HEADROOM = 4.0
 # L2 bandwidth relative to device memory for the fix-up's partial tiles (written and read
@@ -60,13 +74,23 @@ SM_BANDWIDTH_HEADROOM = 4.0
 L2_OVER_DEVICE = 2.5
 # Half of L2 holds the operands when both fit there (the rest serves the output and others).
 L2_USABLE = 0.5
-FILL_US = 0.5
-HANDOFF_US = 1.0
+# A segment's pipeline fill, and a partial tile's hand-off (fence, counter atomic, wait). FFMA:
+# fitted (the hand-off holds what a TVM fix-up costs beyond its bytes: the barriers around the
+# merge, the counter's round trip). mma: set, with which the model's Stream-K and split-K
+# speed-ups match CUTLASS example 47's within 1%.
+FILL_US = {"ffma": 2.5, "mma": 0.5}
+HANDOFF_US = {"ffma": 3.0, "mma": 1.0}
 BLOCK_US = 0.02
 LAUNCH_US = 3.0
-# A decomposition is chosen over data-parallel only when predicted this much faster: the
-# constants above are uncalibrated, and against the published Stream-K measurements of
-# docs/heuristic.md the model's speed-ups are off by up to about 10%.
+# How an SM's throughput falls with fewer resident blocks than keep it busy
+# (:attr:`~.model.CostParams.occupancy_exponent`): 1 is the latency-bound limit, where one
+# block of four gets a quarter. FFMA: fitted, 0.5 (one block of four gets half; with 1, the
+# model predicted 35x for a 12-tile GEMM measured at 6.3x). mma: unfitted, the limit.
+OCCUPANCY_EXPONENT = {"ffma": 0.5, "mma": 1.0}
+# A decomposition is chosen over data-parallel only when predicted this much faster. Fitted
+# to half the H200 run's shapes, the model's times were off by a factor of exp(0.16) = 1.18
+# (rms) on the other half; against CUTLASS's published Stream-K measurement its speed-ups
+# agree within 1%. The losses the margin leaves are in docs/heuristic.md.
 MIN_GAIN = 0.10
 BYTES = {"float64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "int8": 1,
          "float8": 1}  # fmt: skip
@@ -155,6 +179,9 @@ class Price:
     fix_us: float
     block_us: float
     launch_us: float
+    occupancy_exponent: float = 1.0
+    # One more partial read back to back by a split tile's owner: its bytes through L2.
+    read_us: float = 0.0
 
     @property
     def device_bytes_per_us(self) -> float:
@@ -228,14 +255,17 @@ def price(traits: KernelTraits, spec: GPUSpec, fixup: str = "workspace") -> Pric
     store = tile * traits.bytes_of(traits.out_dtype) / port
     partial = tile * traits.bytes_of(traits.acc_dtype)
     moved = fixup_registry.get(fixup).partial_trips * partial
+    kind = traits.instruction
     return Price(
         traits=traits,
         spec=spec,
         compute_us=flops / per_sm,
-        segment_us=FILL_US + store,
-        fix_us=HANDOFF_US + moved / (L2_OVER_DEVICE * port),
+        segment_us=FILL_US[kind] + store,
+        fix_us=HANDOFF_US[kind] + moved / (L2_OVER_DEVICE * port),
         block_us=BLOCK_US,
         launch_us=LAUNCH_US,
+        occupancy_exponent=OCCUPANCY_EXPONENT[kind],
+        read_us=partial / (L2_OVER_DEVICE * port),
     )
 
 

@@ -155,7 +155,7 @@ def predicted_times(
         if not p.work:
             out[name] = 0.0
             continue
-        shares = _shares(p, num_sms, blocks_per_sm, None, cost.price)
+        shares = _shares(p, num_sms, blocks_per_sm, None, cost)
         value = _value(_simulate(p, slots, cost, fixup, shares), cost.vector())
         if cost.price is not None:
             launches = 2 if name == "stream_k" else 1
