@@ -8,7 +8,7 @@ import pytest
 
 import tvm_streamk
 from tests.helpers import H100, OPENCL
-from tvm_streamk import cli, cost_model, decomposition, workloads
+from tvm_streamk import cli, cost_model, decomposition, run_time_choice, workloads
 from tvm_streamk.analysis import analyze
 from tvm_streamk.cost_model import GPU_SPECS, KernelTraits, predicted_time, price, priced
 from tvm_streamk.decision import record
@@ -84,6 +84,19 @@ def test_a_one_row_gemm_of_many_peers_per_tile_takes_stream_k():
         t = predicted_time(chosen, cost=cost, fixup=fixup, saturation=4)
         assert chosen.policy == "stream_k", chosen.reason
         assert 3.0 < t_dp / t < 12.0, (fixup, t_dp, t)
+
+
+@pytest.mark.parametrize("fixup", ["workspace", "atomic"])
+@pytest.mark.parametrize(("n", "k"), [(768, 3072), (3072, 768), (4096, 4096), (4096, 11008)])
+def test_run_time_buckets_keep_stream_k_for_few_rows(n, k, fixup):
+    # Measured on the H200: one dynamic-M build of dlight's fp32 tile (32 x 64, 16-deep panels,
+    # 7 blocks per SM, saturation 4) ran 1.2 to 9.4x faster than data-parallel at 1 to 128
+    # rows for these layers (docs/benchmarks.md). The buckets must keep Stream-K there.
+    cost = _cost(0, n, k, H200, "float32", "ffma", fixup, tile=(32, 64, 16))
+    buckets = run_time_choice.stream_k_buckets(k // 16, 132, 7, fixup, cost, 4)
+    for rows in (1, 16, 100, 128):
+        tiles = math.ceil(rows / 32) * math.ceil(n / 64)
+        assert any(lo <= tiles <= hi for lo, hi in buckets), (rows, tiles, buckets)
 
 
 def test_a_bandwidth_bound_gemv_gains_little_from_splitting():
