@@ -31,7 +31,7 @@ import tvm
 
 from bench.gpu import report
 from bench.gpu.kernels import schedule
-from tvm_streamk import cost_model
+from tvm_streamk import cost_model, occupancy
 from tvm_streamk.analysis import first_site
 from tvm_streamk.cost_model import physical
 from tvm_streamk.decomposition import Plan
@@ -129,8 +129,8 @@ def _saturation(dp_entry: dict) -> int:
     data-parallel kernel's warps per block and resident blocks per SM."""
     resources = dp_entry["resources"]
     threads = resources["kernels"][resources["main"]]["threads"]
-    bps = dp_entry["data_parallel_plan"]["blocks_per_sm"]
-    return cost_model.saturation(-(-threads // 32), bps)
+    warps = occupancy.resident_blocks(dp_entry["arch"], threads, None).warps_per_block
+    return cost_model.saturation(warps, dp_entry["data_parallel_plan"]["blocks_per_sm"])
 
 
 def adjusted(price: physical.Price, scale, fill, handoff, launch, exponent) -> physical.Price:
