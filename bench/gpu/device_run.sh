@@ -11,7 +11,10 @@
 #   sweep        every kernel checked and timed, data-parallel and Stream-K interleaved per
 #                shape, until SWEEP_BUDGET seconds are spent (RESUME_FROM=results.jsonl of
 #                an earlier call: only the kernels it has no record of)
-#   sanitize     memcheck, racecheck, synccheck, initcheck on the marked kernels, bounded
+#   sanitize     memcheck, racecheck, synccheck, initcheck on the marked kernels (or the
+#                SANITIZE_ONLY=NAMES ones; SANITIZE_TOOLS=... picks the tools), bounded
+#   initcheck    (INITCHECK_ONLY=NAMES) initcheck alone on the named kernels, bounded
+#   profile      (PROFILE_ONLY=NAMES) Nsight Compute on the named kernels, bounded
 #   env-after    the clocks again
 # The stage limits below sum to the worst case of the whole command (bench/README.md).
 #
@@ -37,6 +40,13 @@ SWEEP_BUDGET=${SWEEP_BUDGET:-160}
 SWEEP_S=${SWEEP_S:-$((SWEEP_BUDGET + 30))}
 SANITIZE_BUDGET=${SANITIZE_BUDGET:-90}
 SANITIZE_S=${SANITIZE_S:-$((SANITIZE_BUDGET + 10))}
+SANITIZE_TOOLS=${SANITIZE_TOOLS:-memcheck,racecheck,synccheck,initcheck}
+SANITIZE_ONLY=${SANITIZE_ONLY:-}
+TOOL_TIMEOUT=${TOOL_TIMEOUT:-60}
+INITCHECK_ONLY=${INITCHECK_ONLY:-}
+INITCHECK_BUDGET=${INITCHECK_BUDGET:-150}
+PROFILE_ONLY=${PROFILE_ONLY:-}
+PROFILE_BUDGET=${PROFILE_BUDGET:-120}
 KILL_S=5
 ARCHIVE=${ARCHIVE:-}
 ARCHIVE_EVERY=${ARCHIVE_EVERY:-15}
@@ -111,8 +121,18 @@ stage sweep "$SWEEP_S" "$PYTHON" "$PACK/run.py" sweep --out "$OUT/results.jsonl"
     --budget "$SWEEP_BUDGET" --kernel-timeout "$KERNEL_TIMEOUT" --skip-done
 sweep_rc=$?
 stage sanitize "$SANITIZE_S" "$PYTHON" "$PACK/run.py" sanitize --out "$OUT/sanitizer.jsonl" \
-    --budget "$SANITIZE_BUDGET"
+    --budget "$SANITIZE_BUDGET" --tools "$SANITIZE_TOOLS" --tool-timeout "$TOOL_TIMEOUT" \
+    ${SANITIZE_ONLY:+--only "$SANITIZE_ONLY"}
 sanitize_rc=$?
+if [ -n "$INITCHECK_ONLY" ]; then
+    stage initcheck $((INITCHECK_BUDGET + 10)) "$PYTHON" "$PACK/run.py" sanitize \
+        --out "$OUT/initcheck.jsonl" --only "$INITCHECK_ONLY" --tools initcheck \
+        --budget "$INITCHECK_BUDGET" --tool-timeout "$INITCHECK_BUDGET" || sanitize_rc=1
+fi
+if [ -n "$PROFILE_ONLY" ]; then
+    stage profile $((PROFILE_BUDGET + 10)) "$PYTHON" "$PACK/run.py" profile \
+        --out "$OUT/profile.jsonl" --only "$PROFILE_ONLY" --budget "$PROFILE_BUDGET"
+fi
 stage env-after "$ENV_S" bash -c 'environment "$0"' "$OUT/env-after.json"
 cp "$PACK/manifest.json" "$OUT/manifest.json"
 say "done: sweep exit $sweep_rc, sanitize exit $sanitize_rc"

@@ -16,7 +16,8 @@ Nothing here changes the package's constants.
 
 Usage::
 
-    python -m bench.gpu.fit_physical --run gpu-out [--hold-out] [--start before] [--out FILE]
+    python -m bench.gpu.fit_physical --run gpu-out [--class mma] [--hold-out] [--start before]
+        [--out FILE]
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ LAUNCH_EXTRA_US = (-2.0, 0.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 # How an SM's throughput falls with fewer resident blocks than saturate it
 # (``CostParams.occupancy_exponent``).
 OCCUPANCY_EXPONENT = (1.0, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0)
+# The instruction class fitted (``--class``): its constants are the ones adjusted.
+CLASS = "ffma"
 # No adjustment: the constants as shipped, where the descent starts.
-SHIPPED = (1.0, 0.0, 0.0, 0.0, physical.OCCUPANCY_EXPONENT["ffma"])
+SHIPPED = (1.0, 0.0, 0.0, 0.0, physical.OCCUPANCY_EXPONENT[CLASS])
 
 
 @dataclasses.dataclass
@@ -81,9 +84,12 @@ def measured_gpu(run: report.Run):
     return spec
 
 
-# The schedules fitted: static SIMT GEMMs. The dynamic-M builds (``dlight_dynamic``) are
-# reported beside the fit, not fitted: their data-parallel path is a persistent kernel.
-FITTED_SOURCES = ("reference", "dlight")
+# The schedules fitted per instruction class: static SIMT GEMMs for FFMA, dlight's fp16
+# tensor-core schedule for MMA. The dynamic-M builds (``dlight_dynamic``) are reported beside
+# the FFMA fit, not fitted: a run built before the host's choice of kernel ran their
+# data-parallel counts on the persistent kernel.
+SOURCES = {"ffma": ("reference", "dlight"), "mma": ("dlight_wmma",)}
+FITTED_SOURCES = SOURCES["ffma"]
 
 
 def samples(run: report.Run, log=print, sources=FITTED_SOURCES) -> list[Sample]:
@@ -171,15 +177,23 @@ def error(data: list[Sample], knobs) -> float:
         return math.inf
 
 
+def fit_class(name: str) -> None:
+    """Fit the constants of instruction class ``name`` (``ffma`` or ``mma``): the descent
+    starts from that class's shipped occupancy exponent."""
+    global CLASS, SHIPPED
+    CLASS = name
+    SHIPPED = (1.0, 0.0, 0.0, 0.0, physical.OCCUPANCY_EXPONENT[name])
+
+
 def start_from(efficiency: float, fill_us: float, handoff_us: float, exponent: float) -> None:
-    """Make ``efficiency``, ``fill_us``, ``handoff_us`` and ``exponent`` the FFMA constants the
-    descent starts from, in place of the shipped ones (a fit from other constants, such as the
-    ones before a fit, to check that it lands near the shipped ones)."""
+    """Make ``efficiency``, ``fill_us``, ``handoff_us`` and ``exponent`` the constants of the
+    fitted class the descent starts from, in place of the shipped ones (a fit from other
+    constants, such as the ones before a fit, to check that it lands near the shipped ones)."""
     global SHIPPED
-    physical.EFFICIENCY["ffma"] = efficiency
-    physical.FILL_US["ffma"] = fill_us
-    physical.HANDOFF_US["ffma"] = handoff_us
-    physical.OCCUPANCY_EXPONENT["ffma"] = exponent
+    physical.EFFICIENCY[CLASS] = efficiency
+    physical.FILL_US[CLASS] = fill_us
+    physical.HANDOFF_US[CLASS] = handoff_us
+    physical.OCCUPANCY_EXPONENT[CLASS] = exponent
     SHIPPED = (1.0, 0.0, 0.0, 0.0, exponent)
 
 
@@ -227,8 +241,9 @@ def render(
         + ".",
         "",
         f"Fit: main loop x{scale}, segment +{fill} us, partial tile +{handoff} us, "
-        f"launch +{launch} us, occupancy exponent {exponent} (FFMA: FILL_US "
-        f"{physical.FILL_US['ffma'] + fill}, HANDOFF_US {physical.HANDOFF_US['ffma'] + handoff}, "
+        f"launch +{launch} us, occupancy exponent {exponent} ({CLASS.upper()}: EFFICIENCY "
+        f"{physical.EFFICIENCY[CLASS] / scale:.3g}, FILL_US {physical.FILL_US[CLASS] + fill}, "
+        f"HANDOFF_US {physical.HANDOFF_US[CLASS] + handoff}, "
         f"LAUNCH_US {physical.LAUNCH_US + launch}, OCCUPANCY_EXPONENT {exponent}).",
         "",
         "| model | rms log error of the predicted times | sign right | heuristic decisions kept "
@@ -306,12 +321,20 @@ def main(argv=None) -> int:
         help="fit on every other shape and report the rest beside it (a check on the fit)",
     )
     parser.add_argument(
+        "--class",
+        dest="cls",
+        choices=sorted(SOURCES),
+        default="ffma",
+        help="the instruction class whose constants are fitted, on its schedules' kernels",
+    )
+    parser.add_argument(
         "--start",
         metavar="EFFICIENCY,FILL_US,HANDOFF_US,EXPONENT",
         help="the FFMA constants to start from instead of the shipped ones; 'before' for those "
         "before the H200 fit (0.6,0.5,1.0,1.0)",
     )
     args = parser.parse_args(argv)
+    fit_class(args.cls)
     if args.start:
         text = "0.6,0.5,1.0,1.0" if args.start == "before" else args.start
         try:
@@ -324,10 +347,17 @@ def main(argv=None) -> int:
         print(message, file=sys.stderr)
 
     run = report.Run.from_folder(args.run)
-    data = [s for s in samples(run, log=log) if s.plan.tiles <= args.max_tiles]
-    dynamic = samples(run, log=log, sources=("dlight_dynamic",))
+    data = [
+        s
+        for s in samples(run, log=log, sources=SOURCES[args.cls])
+        if s.plan.tiles <= args.max_tiles
+    ]
     fitted, held_out = split_by_shape(data) if args.hold_out else (data, [])
-    others = [("dynamic-M builds (not fitted)", dynamic)]
+    others = []
+    if args.cls == "ffma":
+        others = [
+            ("dynamic-M builds (not fitted)", samples(run, log=log, sources=("dlight_dynamic",)))
+        ]
     start = f"from --start {args.start}" if args.start else "as shipped"
     report.emit(render(fitted, fit(fitted, log=log), held_out, others, start), args.out)
     return 0

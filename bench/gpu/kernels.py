@@ -97,6 +97,7 @@ DYNAMIC_DECISIONS = {
 SUITES = {
     # The sweep: the schedule a user gets from dlight, and what the heuristic makes of it.
     "sweep": _variants("dlight", {"heuristic": SIMT_DECISIONS["heuristic"]}),
+    "sweep-wmma": _variants("dlight_wmma", {"heuristic": WMMA_DECISIONS["heuristic"]}),
     "focus": _variants("reference", SIMT_DECISIONS)
     + _variants("dlight", SIMT_DECISIONS)
     + _variants("dlight_wmma", WMMA_DECISIONS),

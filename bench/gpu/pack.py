@@ -227,8 +227,10 @@ def archive(out: Path) -> Path:
 
 
 def main(argv=None) -> int:
+    from bench.gpu import shapes
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", choices=["tiny", "sweep"], default="tiny")
+    parser.add_argument("--shapes", choices=sorted(shapes.SETS), default="tiny")
     parser.add_argument("--out", type=Path, required=True, help="the pack's folder (emptied)")
     parser.add_argument(
         "--python",

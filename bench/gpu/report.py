@@ -52,6 +52,8 @@ class Run:
     sanitizer: list[dict]
     manifest: dict
     environment: dict = dataclasses.field(default_factory=dict)
+    # Nsight Compute's records (``profile.jsonl``, device_run.sh's PROFILE_ONLY stage).
+    profile: list[dict] = dataclasses.field(default_factory=list)
 
     @classmethod
     def load(cls, results: Path, manifest: Path, sanitizer: Path | None = None, env=None):
@@ -65,12 +67,18 @@ class Run:
 
     @classmethod
     def from_folder(cls, folder: Path):
-        return cls.load(
+        run = cls.load(
             folder / "results.jsonl",
             folder / "manifest.json",
             folder / "sanitizer.jsonl",
             folder / "env-before.json",
         )
+        # The named kernels' initcheck (device_run.sh's INITCHECK_ONLY stage), and ncu's.
+        if (folder / "initcheck.jsonl").is_file():
+            run.sanitizer += journal.read(folder / "initcheck.jsonl")
+        if (folder / "profile.jsonl").is_file():
+            run.profile = journal.read(folder / "profile.jsonl")
+        return run
 
 
 def joined(run: Run) -> list[dict]:
@@ -188,7 +196,7 @@ def correctness(run: Run, rows: list[dict]) -> list[str]:
             [
                 [
                     s.get("tool", ""),
-                    len(s.get("kernels", [])),
+                    _kernels_cell(s.get("kernels", [])),
                     s["status"],
                     s.get("errors", ""),
                     ", ".join(sorted(set((s.get("child") or {}).values()))),
@@ -197,6 +205,63 @@ def correctness(run: Run, rows: list[dict]) -> list[str]:
             ],
         )
     return out
+
+
+def _kernels_cell(names: list[str]) -> str:
+    """A sanitizer run's kernels: their names when few, else their count."""
+    return ", ".join(f"`{n}`" for n in names) if len(names) <= 3 else str(len(names))
+
+
+# Nsight Compute's metrics the report shows, with their column names.
+PROFILE_COLUMNS = (
+    ("Duration", "µs"),
+    ("Registers Per Thread", "registers"),
+    ("Grid Size", "grid"),
+    ("Waves Per SM", "waves"),
+    ("Achieved Occupancy", "achieved occupancy %"),
+    ("Executed Instructions", "instructions (M)"),
+    ("Compute (SM) Throughput", "SM throughput %"),
+    ("L2 Hit Rate", "L2 hit %"),
+)
+
+
+def _metric(launch: dict, name: str):
+    found = launch["metrics"].get(name)
+    if found is None:
+        return ""
+    value = float(str(found["value"]).replace(",", ""))
+    if name == "Duration":
+        scale = {"ns": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
+        return f"{value * scale.get(found['unit'], 1.0):.1f}"
+    if name == "Executed Instructions":
+        return f"{value / 1e6:.1f}"
+    return f"{value:g}"
+
+
+def profile(run: Run) -> list[str]:
+    """Nsight Compute on the named kernels: each kernel's launches of one call (the float
+    pass), with the metrics of :data:`PROFILE_COLUMNS`."""
+    records = [r for r in run.profile if r.get("kind") == "profile"]
+    if not records:
+        return []
+    out = [
+        "## Nsight Compute",
+        "",
+        "`ncu` on the kernels named in the call (`PROFILE_ONLY`), the first launches of one "
+        "call: a Stream-K build's fix-up prologue (zeroing the output or the counters) is a "
+        "launch of its own; a data-parallel kernel's two rows are the float and the exact pass.",
+        "",
+    ]
+    rows = []
+    for r in records:
+        if r["status"] != "ok":
+            rows.append([r["name"], r["status"], *[""] * len(PROFILE_COLUMNS)])
+            continue
+        for launch in r["launches"]:
+            rows.append(
+                [r["name"], launch["kernel"], *(_metric(launch, m) for m, _ in PROFILE_COLUMNS)]
+            )
+    return out + _table(["kernel", "launch", *(c for _, c in PROFILE_COLUMNS)], rows)
 
 
 def _detail(record: dict) -> str:
@@ -441,6 +506,7 @@ def render(run: Run, calibrate: bool = False) -> str:
     lines = [f"# GPU results ({run.manifest.get('shapes')} pack)", ""]
     lines += headline(rows)
     lines += correctness(run, rows)
+    lines += profile(run)
     lines += speedups(rows)
     lines += resources(rows)
     lines += clocks(rows)

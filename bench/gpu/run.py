@@ -10,7 +10,8 @@ staged command (``device_run.sh``) calls the commands below in order; each can b
     python run.py smoke     --out smoke.jsonl         # one data-parallel kernel per schedule source
     python run.py diagnose  --out diagnose.jsonl      # after a failed smoke, in one process
     python run.py sweep     --out results.jsonl --budget 200 [--skip-done]
-    python run.py sanitize  --out sanitizer.jsonl --budget 80
+    python run.py sanitize  --out sanitizer.jsonl --budget 80 [--only NAMES --tools TOOLS]
+    python run.py profile   --out profile.jsonl --only NAMES   # Nsight Compute, per kernel
 
 What is checked and how kernels are timed: :mod:`runner.checks` and :mod:`runner.worker`; how a
 hang or a crash is survived: :mod:`runner.orchestrate`. Exit status: 0 when every kernel that
@@ -32,7 +33,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from runner import diagnose, journal, orchestrate, pack_files, sanitize, worker  # noqa: E402
+from runner import (  # noqa: E402
+    diagnose,
+    journal,
+    orchestrate,
+    pack_files,
+    profile,
+    sanitize,
+    worker,
+)
 
 
 def _common(parser: argparse.ArgumentParser, out: str) -> None:
@@ -76,11 +85,17 @@ def parser() -> argparse.ArgumentParser:
     sweep.add_argument("--budget", type=float, default=200.0, help="seconds; trims the sweep")
     sweep.add_argument("--skip-done", action="store_true",
                        help="run only kernels without a final record in --out")  # fmt: skip
-    san = commands.add_parser("sanitize", help="compute-sanitizer on the marked kernels")
+    san = commands.add_parser(
+        "sanitize", help="compute-sanitizer on the marked kernels (or the --only ones)"
+    )
     _common(san, "sanitizer.jsonl")
     san.add_argument("--budget", type=float, default=80.0, help="seconds for every tool")
     san.add_argument("--tool-timeout", type=float, default=60.0, help="seconds per process")
     san.add_argument("--tools", help=f"comma-separated (default: {','.join(sanitize.TOOLS)})")
+    prof = commands.add_parser("profile", help="Nsight Compute on the --only kernels")
+    _common(prof, "profile.jsonl")
+    prof.add_argument("--budget", type=float, default=120.0, help="seconds for every kernel")
+    prof.add_argument("--kernel-budget", type=float, default=60.0, help="seconds per kernel")
     work = commands.add_parser("worker", help="internal: one worker process")
     _common(work, os.devnull)
     _kernels(work)
@@ -150,6 +165,10 @@ def main(argv=None) -> int:
         return diagnose.run(pack, smoke_entries(entries), options.out)
     if options.command == "sanitize":
         return sanitize.run(pack, entries, options)
+    if options.command == "profile":
+        if not options.only:
+            raise SystemExit("profile: name the kernels with --only (names in manifest.json)")
+        return profile.run(pack, entries, options)
     if options.command == "smoke":
         entries = smoke_entries(entries)
         options.skip_done, options.check_only = False, True

@@ -7,6 +7,7 @@ pack builds for it (:data:`bench.gpu.kernels.SUITES`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass
@@ -26,6 +27,9 @@ MODELS = {
     "gpt2": [("qkv", 768, 2304), ("proj", 768, 768), ("fc", 768, 3072), ("fc_proj", 3072, 768)],
 }  # fmt: skip
 TOKENS = (1, 16, 128, 512, 2048, 4096)
+# The tensor-core sweep: prefill token counts and random shapes (:func:`tensor_core_shapes`).
+TENSOR_TOKENS = (128, 512, 2048, 4096)
+TENSOR_RANDOM_SHAPES = 16
 # Few output tiles, long reductions: data-parallel leaves most SMs idle for the whole kernel.
 LONG_K = [(128, 128, 65536), (256, 128, 65536), (256, 256, 32768), (128, 512, 16384),
           (512, 512, 16384), (384, 384, 8192)]  # fmt: skip
@@ -121,11 +125,33 @@ def _round_robin(groups: list[list[Shape]]) -> list[Shape]:
     return out
 
 
+def tensor_core_shapes() -> list[Shape]:
+    """fp16 tensor-core builds (suite ``sweep-wmma``): the models' prefill layers, the long
+    reductions, the one-more-than-a-wave shapes and a few random ones, so that the run measures
+    the tensor-core constants of the microsecond model over more than the focus shapes."""
+    prefill = [s for s in model_shapes(TENSOR_TOKENS) if not s.note.startswith("llama2-70b")]
+    rng = random.Random(SEED + 1)
+    drawn = [
+        Shape(_log_uniform(rng), _log_uniform(rng), _log_uniform(rng), "random", "")
+        for _ in range(TENSOR_RANDOM_SHAPES)
+    ]
+    every = prefill + long_k_shapes() + wave_shapes() + drawn
+    # The focus suite builds its shapes' tensor-core kernels already (the same names).
+    every = [s for s in every if (s.m, s.n, s.k) not in FOCUS]
+    return [dataclasses.replace(s, suite="sweep-wmma") for s in every]
+
+
 def sweep() -> list[Shape]:
     """The full sweep: the tiny shapes (which carry the sanitizer's kernels) and the focus
     shapes first, then the classes taken in turn, so that a run trimmed by its time budget
     still covers every class."""
-    classes = [wave_shapes(), long_k_shapes(), model_shapes(), random_shapes()]
+    classes = [
+        wave_shapes(),
+        long_k_shapes(),
+        model_shapes(),
+        random_shapes(),
+        tensor_core_shapes(),
+    ]
     return _unique(tiny() + focus_shapes() + dynamic_shapes() + _round_robin(classes))
 
 
@@ -155,4 +181,10 @@ def tiny() -> list[Shape]:
     ]
 
 
-SETS = {"sweep": sweep, "tiny": tiny}
+def dynamic() -> list[Shape]:
+    """The dynamic-M kernels alone (the sweep's and the tiny set's): a pack small enough to
+    build and run again beside a sweep."""
+    return _unique([s for s in tiny() if s.run_ms] + dynamic_shapes())
+
+
+SETS = {"sweep": sweep, "tiny": tiny, "dynamic": dynamic}

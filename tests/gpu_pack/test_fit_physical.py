@@ -47,3 +47,20 @@ def test_the_fit_comes_close_to_the_constants_the_times_came_from():
     text = fit_physical.render(data, truth)
     assert "partial tile +4.0 us, launch +2.0 us" in text
     assert "| fitted | 0.000 | 15 of 15 |" in text
+
+
+def test_the_tensor_core_class_is_fitted_from_its_own_constants():
+    # --class mma: the descent starts at the tensor-core occupancy exponent, and the report
+    # names the tensor-core constants the fit would make.
+    try:
+        fit_physical.fit_class("mma")
+        assert fit_physical.SHIPPED == (1.0, 0.0, 0.0, 0.0, physical.OCCUPANCY_EXPONENT["mma"])
+        assert fit_physical.SOURCES["mma"] == ("dlight_wmma",)
+        data = _samples(fit_physical.SHIPPED)
+        text = fit_physical.render(data, (2.0, 1.0, 0.0, 0.0, 1.0))
+        efficiency = physical.EFFICIENCY["mma"] / 2.0
+        fill = physical.FILL_US["mma"] + 1.0
+        assert f"(MMA: EFFICIENCY {efficiency:.3g}, FILL_US {fill}," in text
+    finally:
+        fit_physical.fit_class("ffma")
+    assert fit_physical.SHIPPED[4] == physical.OCCUPANCY_EXPONENT["ffma"]

@@ -332,7 +332,7 @@ def test_report_renders_synthetic_results(simt_pack, tmp_path):
     assert f"| {expected} |" in row, row
     assert "| focus | reference | data_parallel | 1 | baseline | 0.25 | fp32, TF32 off |" in text
     assert "throttling during the run" in text
-    assert "| initcheck | 1 | clean | 0 | ok |" in text
+    assert "| initcheck | `x` | clean | 0 | ok |" in text
     # The microsecond model beside the clock: measured / predicted time and TFLOP/s.
     dp = atomic["name"].replace("stream_k-atomic", "data_parallel")
     (dp,) = [k for k in manifest["kernels"] if k["name"] == dp]
@@ -437,3 +437,24 @@ def test_cubin_store_refuses_an_unknown_source(tmp_path):
     store = pack_files.CubinStore(tmp_path, [])
     with pytest.raises(RuntimeError, match="no cubin in the pack for CUDA source"):
         store('extern "C" __global__ void k() {}')
+
+
+def test_report_shows_nsight_compute_per_launch():
+    launch = {
+        "kernel": "main_kernel_1",
+        "metrics": {
+            "Duration": {"value": "1,605,952", "unit": "ns"},
+            "Registers Per Thread": {"value": "72", "unit": "register/thread"},
+            "Executed Instructions": {"value": "494,726,880", "unit": "inst"},
+        },
+    }
+    run = report.Run([], [], {"kernels": []})
+    run.profile = [
+        {"kind": "profile", "name": "k", "status": "ok", "launches": [launch]},
+        {"kind": "profile", "name": "j", "status": "not permitted", "launches": []},
+    ]
+    text = "\n".join(report.profile(run))
+    # Microseconds from ncu's nanoseconds, millions of instructions; a refusal says so.
+    assert "| k | main_kernel_1 | 1606.0 | 72 |  |  |  | 494.7 |  |  |" in text
+    assert "| j | not permitted |" in text
+    assert report.profile(report.Run([], [], {"kernels": []})) == []

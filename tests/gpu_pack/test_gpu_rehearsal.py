@@ -101,11 +101,15 @@ def _staged(pack: Path, tmp_path: Path, **env) -> tuple[Path, subprocess.Complet
 def test_staged_command_runs_every_stage(rehearsal_pack, tmp_path):
     # As the device tool runs it: the whole folder kept in one archive (8 files come back).
     archive = tmp_path / "back" / "gpu-out.tar.gz"
-    out, proc = _staged(rehearsal_pack, tmp_path, ARCHIVE=archive)
+    named = "48x40x96-cpu-stream_k-workspace,48x40x96-cpu-data_parallel"
+    out, proc = _staged(
+        rehearsal_pack, tmp_path, ARCHIVE=archive, INITCHECK_ONLY=named, PROFILE_ONLY=named
+    )
     stages = (out / "stages.log").read_text()
     # The sweep holds a wrong kernel: the command says so, after running every stage.
     assert proc.returncode == 1, stages + proc.stderr
-    for stage in ("unpack", "env-before", "dry-run", "smoke", "sweep", "sanitize", "env-after"):
+    for stage in ("unpack", "env-before", "dry-run", "smoke", "sweep", "sanitize", "initcheck",
+                  "profile", "env-after"):  # fmt: skip
         assert f"stage {stage} (limit" in stages, stage
     assert "stage smoke exit 0" in stages and "stage diagnose" not in stages
     assert json.loads((out / "env-before.json").read_text())["clocks"]["clocks.sm"] == "1980"
@@ -123,6 +127,14 @@ def test_staged_command_runs_every_stage(rehearsal_pack, tmp_path):
     sanitizer = [r for r in journal.read(out / "sanitizer.jsonl") if r.get("kind") == "sanitizer"]
     assert [r["tool"] for r in sanitizer] == ["memcheck", "racecheck", "synccheck", "initcheck"]
     assert all(r["status"] == "clean" and set(r["child"].values()) == {"ok"} for r in sanitizer)
+    # The named kernels, marked or not: initcheck alone, then Nsight Compute on each.
+    initchecks = journal.read(out / "initcheck.jsonl")
+    (initcheck,) = [r for r in initchecks if r.get("kind") == "sanitizer"]
+    assert initcheck["tool"] == "initcheck" and set(initcheck["child"]) == set(named.split(","))
+    profiled = [r for r in journal.read(out / "profile.jsonl") if r.get("kind") == "profile"]
+    assert sorted((r["name"], r["status"]) for r in profiled) == [
+        (n, "ok") for n in sorted(named.split(","))
+    ]
     text = report.render(report.Run.from_folder(out))
     assert "| rehearsal | cpu | stream_k-workspace | 1 |" in text
     # The archive holds the finished folder: unpacked, it reports the same. It is written to a
@@ -237,3 +249,34 @@ def test_staged_command_fits_eight_minutes():
     for path in (normal, failed_smoke):
         worst = sum(limits[s] + limits["KILL_S"] for s in path)
         assert worst <= 8 * 60, (path, worst)
+
+
+def test_profile_keeps_each_kernels_metrics_and_says_when_the_counters_are_refused(
+    rehearsal_pack, tmp_path
+):
+    names = ["48x40x96-cpu-data_parallel", "48x40x96-cpu-stream_k-workspace"]
+    out = tmp_path / "profile.jsonl"
+    proc = _run(rehearsal_pack, "profile", "--out", str(out), "--only", ",".join(names))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = [r for r in journal.read(out) if r.get("kind") == "profile"]
+    assert [r["name"] for r in records] == names
+    for r in records:
+        (launch,) = r["launches"]
+        # The metrics kept, with their units; the child ran the kernel (its journal says ok).
+        assert launch["metrics"]["Duration"] == {"value": "12.35", "unit": "us"}
+        assert "Not A Kept Metric" not in launch["metrics"]
+        assert (out.parent / "profile-children" / r["csv"]).is_file()
+        child = journal.read(out.parent / "profile-children" / f"{r['name']}.jsonl")
+        assert [k["status"] for k in journal.kernel_records(child)] == ["ok"]
+    refused = tmp_path / "refused.jsonl"
+    proc = _run(rehearsal_pack, "profile", "--out", str(refused), "--only", ",".join(names),
+                NCU_STANDIN="noperm")  # fmt: skip
+    assert proc.returncode == 1
+    records = [r for r in journal.read(refused) if r.get("kind") in ("profile", "end")]
+    # Refused once, refused for all: it stops there and says so.
+    assert [(r.get("name"), r["status"]) for r in records] == [
+        (names[0], "not permitted"), (None, "0 of 2 profiled")
+    ]  # fmt: skip
+    assert "ERR_NVGPUCTRPERM" in records[0]["output_tail"]
+    unnamed = _run(rehearsal_pack, "profile", "--out", str(tmp_path / "x.jsonl"))
+    assert unnamed.returncode != 0 and "--only" in unnamed.stderr

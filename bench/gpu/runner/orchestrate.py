@@ -56,6 +56,19 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def run_bounded(cmd: list[str], log: Path, timeout: float) -> tuple[int, bool]:
+    """``cmd`` in its own process group, its output to ``log``, killed with everything it
+    started after ``timeout`` seconds: ``(return code, timed out)``."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+            return proc.returncode, False
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            return proc.returncode, True
+
+
 def _last_progress(path: Path) -> dict | None:
     lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
     for line in reversed(lines):

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from .journal import Journal, kernel_records, read
-from .orchestrate import kill_group
+from .orchestrate import run_bounded
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 _SUMMARY = re.compile(r"(?:ERROR|RACECHECK|SYNCCHECK) SUMMARY:.*?(\d+) error", re.IGNORECASE)
@@ -72,14 +71,7 @@ def sanitize_once(sanitizer, tool, pack, names, timeout, scratch: Path, kernel_f
     cmd += _child(pack, names, journal)
     log = journal.with_suffix(".log")
     started = time.monotonic()
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            proc.wait(timeout=timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            timed_out = True
+    returncode, timed_out = run_bounded(cmd, log, timeout)
     output = log.read_text(errors="replace")
     if kernel_filter and not timed_out and "SUMMARY" not in output and "kernel-name" in output:
         # A compute-sanitizer without --kernel-name: check every kernel instead.
@@ -89,7 +81,7 @@ def sanitize_once(sanitizer, tool, pack, names, timeout, scratch: Path, kernel_f
         status = "timeout"
     elif not errors:
         status = "no-summary"
-    elif proc.returncode == 0 and sum(errors) == 0:
+    elif returncode == 0 and sum(errors) == 0:
         status = "clean"
     else:
         status = "errors"
@@ -100,7 +92,7 @@ def sanitize_once(sanitizer, tool, pack, names, timeout, scratch: Path, kernel_f
         "kernels": names,
         "status": status,
         "errors": sum(errors),
-        "returncode": proc.returncode,
+        "returncode": returncode,
         "seconds": round(time.monotonic() - started, 1),
         "timeout_s": timeout,
         "kernel_filter": kernel_filter,
@@ -114,7 +106,8 @@ def run(pack: Path, entries: list[dict], options, log=print) -> int:
     seconds, a journal record per sanitizer process. Exit status 0 only when every tool ran
     clean and every child's kernel was ok."""
     journal = Journal(options.out)
-    chosen = [e["name"] for e in entries if e.get("sanitize")]
+    # The kernels named with --only, else the ones the pack marks.
+    chosen = [e["name"] for e in entries if options.only or e.get("sanitize")]
     sanitizer = find_sanitizer()
     journal.write(
         {"kind": "header", "stage": "sanitize", "kernels": chosen, "sanitizer": sanitizer}
