@@ -1,10 +1,8 @@
 """The policy of a run-time tile count, chosen by the cost model when the kernel runs.
 
 A dynamic-shape kernel (a symbolic token count) has one build for every M, so the heuristic
-cannot pick data-parallel or Stream-K at compile time. The persistent kernel can be either:
-with ``T`` tiles of ``P`` panels, the Stream-K closed forms on a grid of ``T`` blocks give each
-block exactly one whole tile (data-parallel, no fix-up runs), and on ``min(slots, T*P)`` blocks
-they are Stream-K. So the policy is the grid, and the host computes it from the run-time ``T``:
+cannot pick data-parallel or Stream-K at compile time. The build holds two kernels, and the host
+picks one from the run-time tile count ``T``:
 
 * :func:`stream_k_buckets` asks the cost model (:func:`tvm_streamk.cost_model.predicted_time`,
   with the margin of :func:`tvm_streamk.cost_model.choose`) for each *bucket* of the tile count:
@@ -13,14 +11,22 @@ they are Stream-K. So the policy is the grid, and the host computes it from the 
   that takes Stream-K takes it for each of its counts with the same or a larger predicted gain.
   Every bucket of the first wave is asked; past it the buckets that take Stream-K are a wave's
   emptiest, found by bisection. Waves from the first where Stream-K wins no bucket (at most
-  ``MAX_WAVES``) are data-parallel.
+  ``MAX_WAVES``) are data-parallel. Both are priced at the persistent kernel's resident
+  blocks: the waves the buckets count are its slots.
 * :class:`StreamKOrDataParallel` (``policy="stream_k", variant="or_data_parallel"``, what
-  ``policy="heuristic"`` records for a run-time count) launches ``min(slots, T*P)`` blocks when
-  ``T`` lies in a Stream-K bucket and ``T`` blocks otherwise; its closed forms are Stream-K's.
+  ``policy="heuristic"`` records for a run-time count) launches the persistent kernel on
+  ``min(slots, T*P)`` blocks when ``T`` lies in a Stream-K bucket, and the kernel as written
+  (one block per tile, its own registers and occupancy) otherwise
+  (:meth:`StreamKOrDataParallel.run_time_persistent`; the branch is the host's,
+  :mod:`tvm_streamk.transform.host_branches`). Its closed forms are Stream-K's; on ``T``
+  blocks they give each block one whole tile, the grid :meth:`~StreamKOrDataParallel.run_time_grid`
+  still names for a count outside the buckets.
 
-Both kernels are the same code, so data-parallel here runs at the Stream-K kernel's occupancy,
-which is the occupancy the model is asked about. The SM count must be known at compile time
-(the buckets are sized by it): ``num_sms="device"`` is refused.
+On the H200 the persistent kernel of dlight's fp32 schedule took 72 registers and 7 blocks per
+SM where the kernel as written takes 64 and 8, and at 512 or more rows it ran 0.84-0.88x as
+fast as the kernel as written (docs/benchmarks-gpu.md): the reason data-parallel counts get
+their own kernel. The SM count must be known at compile time (the buckets are sized by it):
+``num_sms="device"`` is refused.
 """
 
 from __future__ import annotations
@@ -183,9 +189,19 @@ class StreamKOrDataParallel(StreamK):
 
     def run_time_grid(self, p, slots, ops, fixup):
         stream_k = ops.min(slots, p.iterations)
-        buckets = p.buckets
-        if buckets is None:
-            buckets = stream_k_buckets(p.panels, p.num_sms, p.blocks_per_sm, fixup)
+        buckets = self._buckets(p, fixup)
         if not buckets:
             return p.tiles
         return ops.select(_in_buckets(p.tiles, buckets, ops), stream_k, p.tiles)
+
+    def run_time_persistent(self, p, ops, fixup):
+        # Outside the Stream-K buckets the kernel as written runs: the tiles the persistent
+        # kernel would run on T blocks, at the data-parallel kernel's registers and occupancy.
+        buckets = self._buckets(p, fixup)
+        return _in_buckets(p.tiles, buckets, ops) if buckets else False
+
+    @staticmethod
+    def _buckets(p, fixup):
+        if p.buckets is not None:
+            return p.buckets
+        return stream_k_buckets(p.panels, p.num_sms, p.blocks_per_sm, fixup)

@@ -306,6 +306,35 @@ def test_heuristic_chooses_per_tile_count_at_run_time(fixup):
     _check_every_size(sch, (1, 20, 100, 161))
 
 
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+def test_outside_the_buckets_the_host_launches_the_kernel_as_written(fixup):
+    # The persistent kernel launches only for the counts in a Stream-K bucket; at the others
+    # the host launches the data-parallel kernel as scheduled (a block per tile on the band's
+    # own grid, 3 tile columns by ceil(m / 16) rows), never both, and no fix-up prologue.
+    sch = workloads.reference_schedule(workloads.gemm("m", 40, 256), bm=16, bn=16, bk=8, tm=2, tn=2)
+    tvm_streamk.stream_k(
+        sch, "C_update", num_sms=4, blocks_per_sm=1, policy="heuristic", fixup=fixup
+    )
+    buckets = run_time_choice.stream_k_buckets(32, 4, 1, fixup)
+    kernel = pocl_backend.compile(sch.mod, pipeline="tvm_streamk")
+    persistent, original = set(), set()
+    for m in (1, 20, 33, 100, 161, 1000, 4097):
+        rows = -(-m // 16)
+        a = np.broadcast_to(np.zeros((1, 256), np.float32), (m, 256))
+        c = np.broadcast_to(np.zeros((1, 40), np.float32), (m, 40))
+        launches, _ = kernel.plan_call(a, np.zeros((256, 40), np.float32), c)
+        ran = [(k.kernel, k.grid) for k in launches if k.enabled]
+        if any(lo <= 3 * rows <= hi for lo, hi in buckets):
+            # The persistent grid last, after the fix-up's own prologue kernel.
+            assert ran[-1][1] == (min(4, 3 * rows * 32), 1, 1), (m, ran)
+            persistent.add(ran[-1][0])
+        else:
+            assert len(ran) == 1 and sorted(ran[0][1]) == sorted((3, rows, 1)), (m, ran)
+            original.add(ran[0][0])
+    # Each branch ran, with one kernel each, never the other's.
+    assert len(persistent) == len(original) == 1 and not persistent & original
+
+
 def test_first_wave_buckets_are_the_model_s_choice_at_each_bucket_end():
     slots, panels = 16, 32
     buckets = run_time_choice.stream_k_buckets(panels, slots, 1)

@@ -165,6 +165,13 @@ class Policy:
         expression) on ``slots`` resident blocks: never more blocks than iterations."""
         return ops.min(slots, p.iterations)
 
+    def run_time_persistent(self, p: Plan, ops: Ops, fixup: str) -> Any:
+        """For a tile count known only at run time: the host condition under which the
+        persistent kernel runs, as an expression of ``ops``; where it does not hold, the
+        kernel as written runs (one block per tile, at its own registers and occupancy).
+        ``True``: always; ``False``: never (the persistent kernel is then not built)."""
+        return True
+
     def largest_intermediate(self, p: Plan, g: int) -> int:
         """An upper bound of every value the closed forms compute for ``g`` blocks."""
         raise NotImplementedError

@@ -465,3 +465,58 @@ def truncating(node, divisor=None):
             (tirx.FloorMod, lambda e: tirx.truncmod(e.a, e.b) if by(e) else e),
         ],
     )
+
+
+def fresh_copy(stmt: tirx.Stmt, buffers=()) -> tuple[tirx.Stmt, list]:
+    """A copy of ``stmt`` that defines its own variables: every loop, block iteration, binding
+    and buffer ``stmt`` defines, and each of ``buffers`` (allocated around it), gets a new
+    variable of the same name and type; free variables (parameters, shapes) are kept. Returns
+    the copy and the new ``buffers``, in order: a second copy of a kernel in one function, each
+    variable defined once.
+
+    (TVM's ``RenewDefs`` copies the definitions too, but of a buffer defined outside the
+    statement it makes a new one in a block's access regions and keeps the old one in its
+    ``init``.)
+    """
+    scalars: list = []
+    inner: list = list(buffers)
+
+    def on_for(loop) -> None:
+        scalars.append(loop.loop_var)
+
+    def on_block(block) -> None:
+        scalars.extend(iv.var for iv in block.iter_vars)
+        inner.extend(block.alloc_buffers)
+        inner.extend(m.buffer for m in block.match_buffers)
+
+    structural_walk(stmt, (tirx.For, on_for))
+    structural_walk(stmt, (SBlock, on_block))
+    for kind in (tirx.Bind, tirx.LetStmt, tirx.Let):
+        structural_walk(stmt, (kind, lambda node: scalars.append(node.var)))
+    for kind in (tirx.AllocBuffer, tirx.DeclBuffer):
+        structural_walk(stmt, (kind, lambda node: inner.append(node.buffer)))
+    mapping = {v.__chandle__(): tirx.Var(v.name, v.ty) for v in scalars}
+
+    def renew(v):
+        return mapping.get(v.__chandle__(), v)
+
+    for buf in inner:
+        if buf.__chandle__() not in mapping:
+            # A buffer's type may name a variable the copy renews (a shape over a loop).
+            ty = structural_map(buf.ty, (tirx.Var, renew))
+            mapping[buf.__chandle__()] = tirx.Var(buf.name, ty)
+    copy = structural_map(stmt, (tirx.Var, renew))
+    return copy, [renew(b) for b in buffers]
+
+
+# The key of :func:`host_branch`'s attribute.
+HOST_BRANCH = "tvm_streamk.host_branch"
+
+
+def host_branch(condition, body: tirx.Stmt) -> tirx.Stmt:
+    """``body`` (kernels) run only where the host finds ``condition`` true.
+
+    An attribute until the host and device code are split, then a branch of the host code
+    (:class:`~.host_branches.HostBranches`): TVM's ``ThreadSync`` refuses every barrier under a
+    branch, even one around whole kernels."""
+    return tirx.AttrStmt(tvm.ir.StringImm("host"), HOST_BRANCH, condition, body)

@@ -15,7 +15,14 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
-from .._compat import arith, buffer_type_like, dtype_of, structural_map, structural_walk
+from .._compat import (
+    arith,
+    buffer_type_like,
+    dtype_of,
+    op_name,
+    structural_map,
+    structural_walk,
+)
 from ..errors import StreamKError
 
 # Storage a kernel sizes at compile time.
@@ -47,10 +54,16 @@ def _bounded(buf, analyzer):
     return tvm.ir.Var(buf.name, new_ty)
 
 
-def bound_allocations(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """``func`` with every register/shared allocation of run-time size at its bound."""
+def bound_allocations(func: tirx.PrimFunc, known=()) -> tirx.PrimFunc:
+    """``func`` with every register/shared allocation of run-time size at its bound;
+    ``known``: ``(parameter, value)`` pairs, what the host binds a kernel's parameters to."""
     analyzer = arith.Analyzer()
     renamed: dict = {}
+    for param, value in known:
+        try:
+            analyzer.bind(param, value)
+        except Exception:  # noqa: BLE001 - a parameter bound twice keeps its first value
+            pass
 
     # Common-subexpression elimination may have bound part of an extent to a variable
     # (``cse_v6 * 56``): bound the variables first.
@@ -79,8 +92,9 @@ def bound_allocations(func: tirx.PrimFunc) -> tirx.PrimFunc:
 @tvm.transform.module_pass(opt_level=0, name="tvm_streamk.BoundRunTimeAllocations")
 def BoundRunTimeAllocations(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass
     """The module pass of :func:`bound_allocations` (module docstring)."""
+    known = _host_bindings(mod)
     updates = {
-        gv: bound_allocations(func)
+        gv: bound_allocations(func, known.get(gv.name_hint, ()))
         for gv, func in mod.functions.items()
         if isinstance(func, tirx.PrimFunc)
     }
@@ -88,3 +102,38 @@ def BoundRunTimeAllocations(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N
         if not func.same_as(mod[gv]):
             mod[gv] = func
     return mod
+
+
+def _host_bindings(mod: tvm.IRModule) -> dict[str, list]:
+    """Per kernel name, ``(parameter, value)`` for each parameter a host function passes a
+    variable it binds (``Bind``): common-subexpression elimination hoists an extent that two
+    kernels of one call share (``min(m, 2) * 2``) into the host, and the kernels get it as a
+    parameter."""
+    kernels = {
+        gv.name_hint: func for gv, func in mod.functions.items() if isinstance(func, tirx.PrimFunc)
+    }
+    known: dict[str, list] = {}
+    for func in kernels.values():
+        binds: dict = {}
+
+        def on_bind(stmt, binds=binds) -> None:
+            binds.setdefault(stmt.var.__chandle__(), stmt.value)
+
+        structural_walk(func.body, (tirx.Bind, on_bind))
+        if not binds:
+            continue
+
+        def on_call(call, binds=binds) -> None:
+            if op_name(call) != "tirx.call_ffi_kernel" or not call.args:
+                return
+            name = getattr(call.args[0], "value", None)
+            kernel = kernels.get(name)
+            if kernel is None:
+                return
+            for param, arg in zip(kernel.params, call.args[1:]):
+                value = binds.get(arg.__chandle__()) if isinstance(arg, tvm.ir.Var) else None
+                if value is not None:
+                    known.setdefault(name, []).append((param, value))
+
+        structural_walk(func.body, (tvm.ir.Call, on_call))
+    return known

@@ -29,7 +29,14 @@ import tvm
 from tvm import tirx
 
 from .. import decomposition, fixup_registry
-from .._compat import SBlock, SBlockRealize, dtype_of, replace_block, structural_map
+from .._compat import (
+    SBlock,
+    SBlockRealize,
+    dtype_of,
+    replace_block,
+    structural_map,
+    structural_walk,
+)
 from ..analysis import StreamKSite, analyze, blocks_under, first_site, ragged_views
 from ..decision import DEVICE_SMS, Decision, check, record
 from ..decomposition import chunks
@@ -48,6 +55,8 @@ from ._ir import (
     Segment,
     bound_loop,
     cast_to,
+    fresh_copy,
+    host_branch,
     index_dtype,
     int_imm,
     opaque_bind,
@@ -118,6 +127,12 @@ def rewrite(
         # The original kernel already is this decomposition (a batch-invariant one of a single
         # chunk too: its panel loop is the canonical order).
         return func.with_body(structural_map(func.body, (SBlock, strip)))
+    persistent_when = True
+    if site.runtime_tiles and site.ragged is None:
+        # A run-time tile count: the policy may keep the kernel as written for some counts.
+        persistent_when = plan.scheme.run_time_persistent(plan, TIR_OPS, decision.fixup)
+        if persistent_when is False:
+            return func.with_body(structural_map(func.body, (SBlock, strip)))
 
     # A batch-invariant plan counts chunks: the persistent walk cuts them (_persistent_nest).
     # Where blockIdx.z is not the kernel's (WebGPU), the same plan walks persistently.
@@ -127,6 +142,7 @@ def rewrite(
     tile_body = site.band[-1].body
     if not site.fragment_accumulator:
         tile_body = localize_accumulator(tile_body, site)
+    extra_buffers: list = []
     device_grid = None
     if decision.num_sms == DEVICE_SMS or site.runtime_tiles:
         device_grid = var("sk_grid", index_dtype(site, plan, runtime_grid=True))
@@ -140,10 +156,22 @@ def rewrite(
         main = _persistent_nest(site, plan, decision, fixup, strip, tile_body, device_grid, chunked)
     nests = [tile_space.group_offsets_kernel(site), fixup.prologue(), main, fixup.epilogue()]
     if device_grid is not None:
-        nests = [
-            tile_count_check(site, plan),
-            _bind_runtime_grid(device_grid, plan, decision, seq(nests), target, site, whole_tiles),
-        ]
+        persistent = _bind_runtime_grid(
+            device_grid, plan, decision, seq(nests), target, site, whole_tiles
+        )
+        nests = [tile_count_check(site, plan), persistent]
+        if persistent_when is not True:
+            # Where the persistent kernel would run one block per tile, the host launches the
+            # kernel as written: the same tiles at its own registers and occupancy.
+            original, own = fresh_copy(
+                structural_map(site.band[0], (SBlock, strip)), _used(root.alloc_buffers, site)
+            )
+            extra_buffers += own
+            nests = [
+                nests[0],
+                host_branch(persistent_when, persistent),
+                host_branch(tirx.Not(persistent_when), original),
+            ]
     band_var = site.band[0].loop_var
 
     def swap_band(loop: tirx.For):
@@ -154,9 +182,26 @@ def rewrite(
     new_root = replace_block(
         root,
         body=structural_map(root.body, (tirx.For, swap_band)),
-        alloc_buffers=[*root.alloc_buffers, *tile_space.buffers(site), *fixup.buffers],
+        alloc_buffers=[
+            *root.alloc_buffers,
+            *tile_space.buffers(site),
+            *fixup.buffers,
+            *extra_buffers,
+        ],
     )
     return func.with_body(SBlockRealize(root_realize.iter_values, root_realize.predicate, new_root))
+
+
+def _used(buffers, site: StreamKSite) -> list:
+    """Those of ``buffers`` (the root block's) the tile band uses."""
+    used: list = []
+
+    def on_var(v) -> None:
+        if any(v.same_as(b) for b in buffers) and not any(v.same_as(u) for u in used):
+            used.append(v)
+
+    structural_walk(site.band[0], (tirx.Var, on_var))
+    return used
 
 
 def _bind_runtime_grid(
