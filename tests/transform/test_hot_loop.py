@@ -16,6 +16,7 @@ data-parallel's on sm_80 and sm_90 (``ptxas``).
 
 import functools
 import importlib.util
+import os
 import re
 import shutil
 import statistics
@@ -182,6 +183,9 @@ def _disassembler() -> str | None:
 
 
 def _sass(source: str, arch: str) -> str:
+    tool = _disassembler()
+    # cuobjdump runs nvdisasm, which pip's nvidia-cuda-nvdisasm puts beside it.
+    env = {**os.environ, "PATH": f"{Path(tool).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     with tempfile.TemporaryDirectory(prefix="tvm_streamk_sass_") as tmp:
         cu, cubin = Path(tmp) / "k.cu", Path(tmp) / "k.cubin"
         cu.write_text(source)
@@ -191,7 +195,7 @@ def _sass(source: str, arch: str) -> str:
             check=True,
         )
         done = subprocess.run(
-            [_disassembler(), "-sass", str(cubin)], capture_output=True, text=True, check=True
+            [tool, "-sass", str(cubin)], capture_output=True, text=True, check=True, env=env
         )
     return done.stdout
 
