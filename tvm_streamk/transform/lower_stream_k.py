@@ -370,7 +370,14 @@ def _persistent_nest(
         zeros = ragged_k.zero_empty_tiles(
             site, seg, band_body, seg.block, grid, decision.group or None
         )
-    units = over_units(plan, seg.block, walker, device_grid, idle=site.ragged is not None)
+    units = over_units(
+        plan,
+        seg.block,
+        walker,
+        device_grid,
+        idle=site.ragged is not None,
+        opaque_range=site.runtime_tiles and site.ragged is None,
+    )
     # Keep the schedule's own annotations of the tile band (unroll pragmas, for instance).
     return bound_loop(seg.block, grid, seq([units, zeros]), annotations=site.band[0].annotations)
 
