@@ -134,11 +134,20 @@ def test_low_precision_inputs_and_a_fused_epilogue(in_dtype, epilogue):
     assert all((_bits(r) == _bits(rows[0])).all() for r in rows[1:])
 
 
-def test_one_run_time_m_build_gives_the_static_builds_bits():
+@pytest.mark.parametrize(
+    "sms, policy",
+    [
+        ("device", "stream_k"),
+        # The run-time choice: a build that, without the mode, launches the kernel as written
+        # for data-parallel counts, whose panels are summed in one pass, not chunk by chunk.
+        (7, "heuristic"),
+    ],
+)
+def test_one_run_time_m_build_gives_the_static_builds_bits(sms, policy):
     func = workloads.gemm("m", N, K)
     sch = workloads.reference_schedule(func)
     tvm_streamk.stream_k(
-        sch, "C_update", num_sms="device", target=OPENCL, policy="stream_k", batch_invariant=True
+        sch, "C_update", num_sms=sms, target=OPENCL, policy=policy, batch_invariant=True
     )
     args = _inputs()
     rows = [_run(sch, func, _rows_of(args, m))[0] for m in (1, 7, 129, 1000)]
@@ -165,6 +174,38 @@ def test_dlight_schedule():
         sch = Schedule(func.with_attr("global_symbol", "main"))
         block = first_site(sch.mod["main"]).block.name_hint
         tvm_streamk.stream_k(sch, block, num_sms=sms, target=OPENCL, batch_invariant=True, **knobs)
+        args = [a[:m].copy(), b, np.full((m, n), np.nan, np.float32)]
+        out = pocl.run(sch.mod, *args, pipeline="tvm_streamk")[-1]
+        assert workloads.relative_error(out, a[:m].astype(np.float64) @ b) <= FP32_TOL
+        rows.append(out[0])
+    assert all((_bits(r) == _bits(rows[0])).all() for r in rows[1:])
+
+
+def test_dlight_run_time_m_build_gives_the_static_builds_bits():
+    """dlight's dynamic-M schedule under the heuristic: the run-time choice, which without the
+    mode launches the kernel as written for data-parallel counts (its panels summed in one
+    pass), keeps the persistent kernel for every count, each summing the chunks in order."""
+    k, n = 512, 64
+    rng = np.random.default_rng(8)
+    a = rng.uniform(-1, 1, (1000, k)).astype("float32")
+    b = rng.uniform(-1, 1, (k, n)).astype("float32")
+    static = dlight_matmul(2, k, n, dlight.gpu.Matmul(), A100)
+    sch = Schedule(static.with_attr("global_symbol", "main"))
+    block = first_site(sch.mod["main"]).block.name_hint
+    tvm_streamk.stream_k(sch, block, num_sms=2, target=OPENCL, batch_invariant=True)
+    args = [a[:2].copy(), b, np.full((2, n), np.nan, np.float32)]
+    rows = [pocl.run(sch.mod, *args, pipeline="tvm_streamk")[-1][0]]
+    func = dlight_matmul(tvm.tirx.Var("m", "int64"), k, n, dlight.gpu.Matmul(), A100)
+    sch = Schedule(func.with_attr("global_symbol", "main"))
+    block = first_site(sch.mod["main"]).block.name_hint
+    plan = tvm_streamk.stream_k(
+        sch, block, num_sms=7, target=OPENCL, policy="heuristic", batch_invariant=True
+    )
+    assert plan.variant == "or_data_parallel" and plan.buckets, plan
+    # Tiles of 32 rows: 7 and 14 tiles (200 and 420 rows) lie outside the Stream-K buckets.
+    outside = [m for m in (200, 420) if not any(lo <= -(-m // 32) <= hi for lo, hi in plan.buckets)]
+    assert outside == [200, 420], plan.buckets
+    for m in (1, 7, 129, 200, 420, 1000):
         args = [a[:m].copy(), b, np.full((m, n), np.nan, np.float32)]
         out = pocl.run(sch.mod, *args, pipeline="tvm_streamk")[-1]
         assert workloads.relative_error(out, a[:m].astype(np.float64) @ b) <= FP32_TOL

@@ -128,8 +128,10 @@ def rewrite(
         # chunk too: its panel loop is the canonical order).
         return func.with_body(structural_map(func.body, (SBlock, strip)))
     persistent_when = True
-    if site.runtime_tiles and site.ragged is None:
+    if site.runtime_tiles and site.ragged is None and chunked is None:
         # A run-time tile count: the policy may keep the kernel as written for some counts.
+        # Not a batch-invariant one of several chunks: the kernel as written sums its panels
+        # in one pass, and every count must sum the chunks in chunk order.
         persistent_when = plan.scheme.run_time_persistent(plan, TIR_OPS, decision.fixup)
         if persistent_when is False:
             return func.with_body(structural_map(func.body, (SBlock, strip)))
