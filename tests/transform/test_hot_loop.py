@@ -31,7 +31,7 @@ from tvm.s_tir import Schedule
 
 import tvm_streamk
 from tests.helpers import A100, FP32_TOL, SM_TARGETS
-from tests.kernels import matmul_reference
+from tests.kernels import dlight_matmul, matmul_reference
 from tvm_streamk import pocl, ptxas, workloads
 from tvm_streamk._compat import dlight, dlight_cuda_target
 from tvm_streamk.analysis import blocks_under, first_site
@@ -246,15 +246,10 @@ def test_k_loop_sass(arch, case, fixup):
 
 
 def _dynamic_m(target, k: int, policy=None, fixup=None) -> Schedule:
-    """dlight's schedule of a matmul of a run-time M (``workloads.relax_matmul`` with a symbolic
-    M, as a Relax model of a symbolic sequence length gets it), with a decision when
-    ``policy`` is given."""
+    """dlight's schedule of a matmul of a run-time M (as a Relax model of a symbolic sequence
+    length gets it), with a decision when ``policy`` is given."""
     m = tvm.tirx.Var("m", "int64")
-    with dlight_cuda_target(target):
-        mod = dlight.ApplyDefaultSchedule(dlight.gpu.Matmul(), dlight.gpu.Fallback())(
-            workloads.relax_matmul(m, 192, k, "float32")
-        )
-    (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    func = dlight_matmul(m, k, 192, dlight.gpu.Matmul(), dlight_cuda_target(target))
     sch = Schedule(func.with_attr("global_symbol", "main"))
     if policy is not None:
         block = first_site(sch.mod["main"]).block.name_hint

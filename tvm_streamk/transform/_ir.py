@@ -428,34 +428,57 @@ def storage_sync() -> tirx.Stmt:
 
 
 def fresh_definitions(stmt: tirx.Stmt) -> tirx.Stmt:
-    """``stmt`` with a new variable for every loop, block iteration and ``Bind`` it defines.
+    """``stmt`` with a new variable for every loop, block iteration, binding and buffer it
+    defines (:func:`fresh_copy`).
 
     A statement built from pieces of another (a prologue from the tile body) would otherwise
     define the same variables twice in one function.
     """
-    defined: dict = {}
+    return fresh_copy(stmt)[0]
 
-    def define(v) -> None:
-        defined.setdefault(v, tirx.Var(v.name, v.ty))
 
-    def define_loop(loop) -> None:
-        define(loop.loop_var)
+def fresh_copy(stmt: tirx.Stmt, buffers=()) -> tuple[tirx.Stmt, list]:
+    """A copy of ``stmt`` that defines its own variables: every loop (and thread binding),
+    block iteration, binding and buffer ``stmt`` defines, and each of ``buffers`` (allocated
+    around it), gets a new variable of the same name and type; free variables (parameters,
+    shapes) are kept. Returns the copy and the new ``buffers``, in order: a second copy of a
+    kernel in one function, each variable defined once.
+
+    (TVM's ``RenewDefs`` copies the definitions too, but of a buffer defined outside the
+    statement it makes a new one in a block's access regions and keeps the old one in its
+    ``init``.)
+    """
+    scalars: list = []
+    inner: list = list(buffers)
+
+    def on_for(loop) -> None:
+        scalars.append(loop.loop_var)
         if loop.thread_binding is not None:
-            define(loop.thread_binding.var)
+            scalars.append(loop.thread_binding.var)
 
-    def define_block(block) -> None:
-        for iv in block.iter_vars:
-            define(iv.var)
+    def on_block(block) -> None:
+        scalars.extend(iv.var for iv in block.iter_vars)
+        inner.extend(block.alloc_buffers)
+        inner.extend(m.buffer for m in block.match_buffers)
 
-    structural_walk(
-        stmt,
-        [
-            (tirx.For, define_loop),
-            (SBlock, define_block),
-            (tirx.Bind, lambda bind: define(bind.var)),
-        ],
-    )
-    return structural_map(stmt, (tirx.Var, lambda v: defined.get(v, v)))
+    structural_walk(stmt, (tirx.For, on_for))
+    structural_walk(stmt, (SBlock, on_block))
+    for kind in (tirx.Bind, tirx.LetStmt, tirx.Let):
+        structural_walk(stmt, (kind, lambda node: scalars.append(node.var)))
+    for kind in (tirx.AllocBuffer, tirx.DeclBuffer):
+        structural_walk(stmt, (kind, lambda node: inner.append(node.buffer)))
+    mapping = {v.__chandle__(): tirx.Var(v.name, v.ty) for v in scalars}
+
+    def renew(v):
+        return mapping.get(v.__chandle__(), v)
+
+    for buf in inner:
+        if buf.__chandle__() not in mapping:
+            # A buffer's type may name a variable the copy renews (a shape over a loop).
+            ty = structural_map(buf.ty, (tirx.Var, renew))
+            mapping[buf.__chandle__()] = tirx.Var(buf.name, ty)
+    copy = structural_map(stmt, (tirx.Var, renew))
+    return copy, [renew(b) for b in buffers]
 
 
 def truncating(node, divisor=None):
@@ -482,48 +505,6 @@ def truncating(node, divisor=None):
             (tirx.FloorMod, lambda e: tirx.truncmod(e.a, e.b) if by(e) else e),
         ],
     )
-
-
-def fresh_copy(stmt: tirx.Stmt, buffers=()) -> tuple[tirx.Stmt, list]:
-    """A copy of ``stmt`` that defines its own variables: every loop, block iteration, binding
-    and buffer ``stmt`` defines, and each of ``buffers`` (allocated around it), gets a new
-    variable of the same name and type; free variables (parameters, shapes) are kept. Returns
-    the copy and the new ``buffers``, in order: a second copy of a kernel in one function, each
-    variable defined once.
-
-    (TVM's ``RenewDefs`` copies the definitions too, but of a buffer defined outside the
-    statement it makes a new one in a block's access regions and keeps the old one in its
-    ``init``.)
-    """
-    scalars: list = []
-    inner: list = list(buffers)
-
-    def on_for(loop) -> None:
-        scalars.append(loop.loop_var)
-
-    def on_block(block) -> None:
-        scalars.extend(iv.var for iv in block.iter_vars)
-        inner.extend(block.alloc_buffers)
-        inner.extend(m.buffer for m in block.match_buffers)
-
-    structural_walk(stmt, (tirx.For, on_for))
-    structural_walk(stmt, (SBlock, on_block))
-    for kind in (tirx.Bind, tirx.LetStmt, tirx.Let):
-        structural_walk(stmt, (kind, lambda node: scalars.append(node.var)))
-    for kind in (tirx.AllocBuffer, tirx.DeclBuffer):
-        structural_walk(stmt, (kind, lambda node: inner.append(node.buffer)))
-    mapping = {v.__chandle__(): tirx.Var(v.name, v.ty) for v in scalars}
-
-    def renew(v):
-        return mapping.get(v.__chandle__(), v)
-
-    for buf in inner:
-        if buf.__chandle__() not in mapping:
-            # A buffer's type may name a variable the copy renews (a shape over a loop).
-            ty = structural_map(buf.ty, (tirx.Var, renew))
-            mapping[buf.__chandle__()] = tirx.Var(buf.name, ty)
-    copy = structural_map(stmt, (tirx.Var, renew))
-    return copy, [renew(b) for b in buffers]
 
 
 # The key of :func:`host_branch`'s attribute.

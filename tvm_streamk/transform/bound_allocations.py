@@ -59,21 +59,15 @@ def bound_allocations(func: tirx.PrimFunc, known=()) -> tirx.PrimFunc:
     ``known``: ``(parameter, value)`` pairs, what the host binds a kernel's parameters to."""
     analyzer = arith.Analyzer()
     renamed: dict = {}
-    for param, value in known:
-        try:
-            analyzer.bind(param, value)
-        except Exception:  # noqa: BLE001 - a parameter bound twice keeps its first value
-            pass
-
     # Common-subexpression elimination may have bound part of an extent to a variable
-    # (``cse_v6 * 56``): bound the variables first.
-    def on_bind(stmt) -> None:
+    # (``cse_v6 * 56``), here or in the host: bound the variables first.
+    bindings = list(known)
+    structural_walk(func.body, (tirx.Bind, lambda stmt: bindings.append((stmt.var, stmt.value))))
+    for var, value in bindings:
         try:
-            analyzer.bind(stmt.var, stmt.value)
+            analyzer.bind(var, value)
         except Exception:  # noqa: BLE001 - a variable bound twice keeps its first value
             pass
-
-    structural_walk(func.body, (tirx.Bind, on_bind))
 
     def on_alloc(stmt: tirx.AllocBuffer) -> None:
         buf = stmt.buffer

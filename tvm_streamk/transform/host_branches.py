@@ -15,7 +15,7 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
-from .._compat import structural_map, structural_walk
+from .._compat import structural_map
 from ..errors import StreamKError
 from ._ir import HOST_BRANCH
 
@@ -31,21 +31,15 @@ def host_branches(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return func.with_body(structural_map(func.body, (tirx.AttrStmt, branch)))
 
 
-def _has_branch(func: tirx.PrimFunc) -> bool:
-    found = []
-    structural_walk(
-        func.body,
-        (tirx.AttrStmt, lambda s: found.append(s) if s.attr_key == HOST_BRANCH else None),
-    )
-    return bool(found)
-
-
 @tvm.transform.module_pass(opt_level=0, name="tvm_streamk.HostBranches")
 def HostBranches(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass
     """The module pass of :func:`host_branches` (module docstring); a device function that still
     holds such an attribute (a kernel inside the other's launch) is refused."""
     for gv, func in list(mod.functions.items()):
-        if not isinstance(func, tirx.PrimFunc) or not _has_branch(func):
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        branched = host_branches(func)
+        if branched.body.same_as(func.body):
             continue
         if (
             func.attrs is not None
@@ -57,5 +51,5 @@ def HostBranches(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM p
                 f"a host branch inside the device kernel {gv.name_hint}",
                 "Report this: the kernels of one call must be launched side by side.",
             )
-        mod[gv] = host_branches(func)
+        mod[gv] = branched
     return mod

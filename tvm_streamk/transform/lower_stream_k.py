@@ -115,6 +115,12 @@ def rewrite(
             return replace_block(block, annotations=record.stripped(block.annotations))
         return block
 
+    persistent_when = True
+    if site.runtime_tiles and site.ragged is None and chunked is None:
+        # A run-time tile count: the policy may keep the kernel as written for some counts.
+        # Not a batch-invariant one of several chunks: the kernel as written sums its panels
+        # in one pass, and every count must sum the chunks in chunk order.
+        persistent_when = plan.scheme.run_time_persistent(plan, TIR_OPS, decision.fixup)
     # A grouped GEMM's data-parallel kernel walks the tiles the groups hold; a ragged
     # reduction's (a weight gradient's) is the kernel as written, its panels past a group's
     # rows reading zeros from the views.
@@ -123,18 +129,13 @@ def rewrite(
         # A grouped GEMM's data-parallel kernel: one block per tile the groups hold (the
         # closed forms of Stream-K on as many blocks as tiles), not the padded band.
         plan = decomposition.plan_at_run_time(site.tile_count, site.panels, 1, 1, "stream_k")
-    elif plan.scheme.is_original and (chunked is None or chunked[1] == 1):
+    elif persistent_when is False or (
+        plan.scheme.is_original and (chunked is None or chunked[1] == 1)
+    ):
         # The original kernel already is this decomposition (a batch-invariant one of a single
-        # chunk too: its panel loop is the canonical order).
+        # chunk too: its panel loop is the canonical order), or is what the policy runs for
+        # every run-time count.
         return func.with_body(structural_map(func.body, (SBlock, strip)))
-    persistent_when = True
-    if site.runtime_tiles and site.ragged is None and chunked is None:
-        # A run-time tile count: the policy may keep the kernel as written for some counts.
-        # Not a batch-invariant one of several chunks: the kernel as written sums its panels
-        # in one pass, and every count must sum the chunks in chunk order.
-        persistent_when = plan.scheme.run_time_persistent(plan, TIR_OPS, decision.fixup)
-        if persistent_when is False:
-            return func.with_body(structural_map(func.body, (SBlock, strip)))
 
     # A batch-invariant plan counts chunks: the persistent walk cuts them (_persistent_nest).
     # Where blockIdx.z is not the kernel's (WebGPU), the same plan walks persistently.
