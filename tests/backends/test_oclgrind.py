@@ -213,6 +213,22 @@ def test_run_time_tile_count(fixup, m):
     assert workloads.relative_error(result.outputs[-1], ref) <= FP32_TOL
 
 
+@pytest.mark.parametrize(("fixup", "splits"), [("atomic", 3), ("workspace", 3), ("workspace", 7)])
+@pytest.mark.parametrize("m", [1, 37])
+def test_split_k_on_a_run_time_tile_count(fixup, splits, m):
+    # Split-K's grid is the run-time count's tiles x S (7 panels: S = 7 takes the aligned nest,
+    # S = 3 the walk); the workspace's slots are sized for that grid.
+    func = workloads.gemm("m", 40, 56)
+    sch = workloads.reference_schedule(func, bm=16, bn=16, bk=8, tm=2, tn=2)
+    tvm_streamk.stream_k(
+        sch, "C_update", num_sms=3, fixup=fixup, policy="split_k", splits=splits, target=OPENCL
+    )
+    args = workloads.random_args(sch.mod["main"], m=m)
+    result = oclgrind.check(sch.mod, *args, pipeline="tvm_streamk")
+    ref = workloads.reference(sch.mod["main"], args)
+    assert workloads.relative_error(result.outputs[-1], ref) <= FP32_TOL
+
+
 @pytest.mark.parametrize(
     ("policy", "fixup"),
     [("data_parallel", "atomic"), ("stream_k", "atomic"), ("stream_k", "workspace")],

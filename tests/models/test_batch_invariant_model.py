@@ -15,6 +15,7 @@ import tvm
 from tvm import tirx
 from tvm.relax.frontend import nn
 
+import tvm_streamk
 from tests.helpers import H100
 from tests.kernels import LinearBlock
 from tvm_streamk import pocl, workloads
@@ -29,10 +30,15 @@ HIDDEN, FFN = 64, 160
 ALONE, BATCHED = 7, (129, 1000)
 
 
-def _fused() -> dict[str, tirx.PrimFunc]:
+def _module(seq="seq") -> tvm.IRModule:
     mod, _ = LinearBlock(HIDDEN, FFN).export_tvm(
-        spec={"forward": {"x": nn.spec.Tensor(("seq", HIDDEN), "float32")}}
+        spec={"forward": {"x": nn.spec.Tensor((seq, HIDDEN), "float32")}}
     )
+    return mod
+
+
+def _fused(seq="seq") -> dict[str, tirx.PrimFunc]:
+    mod = _module(seq)
     with H100:
         fused = tvm.transform.Sequential(fusion_passes(H100))(mod)
     return {gv.name_hint: f for gv, f in fused.functions.items() if isinstance(f, tirx.PrimFunc)}
@@ -96,3 +102,41 @@ def test_shared_rows_have_the_same_bits_alone_and_batched():
         decided += 1
     # The projections and the MLP's three matmuls (fused with their epilogues).
     assert decided >= 4, decided
+
+
+def _scheduled(func: tirx.PrimFunc):
+    rule = StreamKMatmul(num_sms=5, blocks_per_sm=1, batch_invariant=True)
+    with H100:
+        scheduled = dlight.ApplyDefaultSchedule(rule)(tvm.IRModule({"main": func}))
+    mod = tvm.IRModule({"main": scheduled["main"].with_attr("global_symbol", "main")})
+    return mod, list(rule.decided.values())
+
+
+def test_a_decode_step_gives_the_prefill_s_bits():
+    """The decode function (one token, a static shape) against the prefill (symbolic): each
+    matmul kernel of the decode step gives its row the bits the prefill kernel gives it among
+    129 tokens; and the decode module compiles through ``relax_pipeline`` with every matmul
+    decided."""
+    decode, prefill = _fused(1), _fused()
+    compared = 0
+    for name, func in prefill.items():
+        mod, plans = _scheduled(func)
+        if not plans:
+            continue
+        decode_mod, decode_plans = _scheduled(decode[name])
+        assert decode_plans, f"{name}: the one-token kernel was not decided"
+        axes = _token_axes(func)
+        largest = workloads.random_args(func, np.random.default_rng(4), seq=129)
+        rows = []
+        for kernel, tokens in ((decode_mod, 1), (mod, 129)):
+            args = _rows(largest, axes, tokens)
+            out = pocl.run(kernel, *args, pipeline="tvm_streamk")[-1]
+            assert not np.isnan(out).any(), (name, tokens)
+            rows.append(np.ascontiguousarray(out[:1]).view(np.uint8))
+        assert (rows[0] == rows[1]).all(), f"{name}: the decode row differs from the prefill's"
+        compared += 1
+    # The seven matmul kernels: the projections and the MLP's three, fused as Relax fuses.
+    assert compared == 7, compared
+    pipeline = tvm_streamk.relax_pipeline(H100, batch_invariant=True)
+    tvm.compile(_module(1), H100, relax_pipeline=pipeline, tir_pipeline="tvm_streamk")
+    assert len(pipeline.rule.decided) == compared, pipeline.rule.decided

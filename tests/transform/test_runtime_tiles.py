@@ -115,6 +115,22 @@ def test_lowering_view_matches_the_static_plan(tiles, panels):
         assert [view.peer_block(t, p, INT_OPS, at_run_time) for p in range(peers)] == expected
 
 
+@pytest.mark.parametrize("tiles", [1, 2, 7, 40])
+@pytest.mark.parametrize(("panels", "splits"), [(3, 2), (8, 3), (8, 8)])
+def test_split_k_view_matches_the_static_plan(tiles, panels, splits):
+    view = decomposition.plan_at_run_time(tiles, panels, num_sms=4, policy="split_k", splits=splits)
+    static = decomposition.plan(tiles, panels, num_sms=4, policy="split_k", splits=splits)
+    grid = view.scheme.run_time_grid(view, view.runtime_grid_bound(), INT_OPS, "workspace")
+    assert grid == static.grid == tiles * splits
+    for b in range(grid):
+        assert view.block_range(b, 0, INT_OPS, grid) == static.block_range(b, 0)
+    for t in range(tiles):
+        assert view.tile_peers(t, INT_OPS, grid) == static.tile_peers(t) == splits
+        assert [view.peer_block(t, p, INT_OPS, grid) for p in range(splits)] == [
+            static.peer_block(t, p) for p in range(splits)
+        ]
+
+
 def test_view_refuses_what_needs_an_int_count():
     view = decomposition.plan_at_run_time(tirx.Var("t", "int64"), 4, num_sms=4)
     with pytest.raises(decomposition.DecompositionError, match="only known at run time"):
@@ -208,19 +224,32 @@ def test_dlight_dynamic_kernel_resources(fixup, arch):
         assert kernel.registers <= base.registers + 16, (name, kernel, base)
 
 
-@pytest.mark.parametrize(
-    ("policy", "extra"),
-    [("split_k", {"splits": 2}), ("hybrid", {})],
-)
-def test_policies_without_run_time_closed_forms_are_refused(policy, extra):
+def test_policies_without_run_time_closed_forms_are_refused():
     sch = _reference_kernel()
     before = sch.mod
     with pytest.raises(
         StreamKError,
-        match=r"\[runtime-tiles\].*Pass policy='data_parallel' or 'stream_k' or 'heuristic'",
+        match=r"\[runtime-tiles\].*policy='hybrid'.*Pass policy='data_parallel' or 'split_k' or "
+        r"'stream_k' or 'heuristic'",
     ):
-        tvm_streamk.stream_k(sch, "C_update", num_sms=3, policy=policy, **extra)
+        tvm_streamk.stream_k(sch, "C_update", num_sms=3, policy="hybrid")
     assert sch.mod.same_as(before)
+
+
+@pytest.mark.parametrize(
+    ("fixup", "splits"), [("workspace", 3), ("atomic", 3), ("separate", 5), ("workspace", 4)]
+)
+def test_split_k_one_build_every_m(fixup, splits):
+    """Split-K's grid is its tiles x S blocks, whatever the SM count: at a run-time tile count
+    the kernel launches that many (16 panels: S = 4 takes the aligned nest, which keeps the
+    band's loops, S = 3 and 5 the walk)."""
+    sch, block = _dlight_kernel()
+    plan = tvm_streamk.stream_k(
+        sch, block, target=A100, num_sms=5, policy="split_k", splits=splits, fixup=fixup
+    )
+    assert isinstance(plan, decomposition.RuntimeTilesPlan) and plan.splits == splits
+    assert str(plan.grid) == str(plan.tiles * splits), plan.grid
+    _check_every_size(sch, (1, 7, 100, 1000))
 
 
 def test_group_is_refused():

@@ -346,8 +346,9 @@ def _run_time_plan(site, policy: str, sms: SmCount, bps: int, fixup: str, cost):
             site.tile_count, site.panels, sms.planned, bps, rules.original_policy()
         )
         return chosen.with_reason(
-            "data-parallel: a tensor-core fragment takes only splits fixed at compile time, and "
-            "the tile count is known only at run time"
+            "data-parallel: a tensor-core fragment takes only aligned splits, and one split "
+            "count fixed at compile time would serve every run-time tile count alike (ask for "
+            "one with policy='split_k', splits=S)"
         )
     chosen = decomposition.plan_at_run_time(
         site.tile_count,

@@ -76,6 +76,7 @@ def resolve(
     site = planned_site(site, decision)
     sms = planned_sms(decision, target)
     tiles = site.tiles_at(sizes) if sizes is not None and site.runtime_tiles else None
+    rule = decomposition.policy.get(decision.policy, decision.variant)
     if site.runtime_tiles and tiles is None:
         return decomposition.plan_at_run_time(
             site.tile_count,
@@ -86,8 +87,8 @@ def resolve(
             runtime_sms=decision.num_sms == DEVICE_SMS,
             variant=decision.variant,
             buckets=decision.buckets,
+            splits=decision.splits if rule.takes_splits else None,
         )
-    rule = decomposition.policy.get(decision.policy, decision.variant)
     if tiles is not None:
         chosen = rule.plan_at_count(
             tiles, site.panels, sms, decision.blocks_per_sm, decision.fixup, decision.buckets

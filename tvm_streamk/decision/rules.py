@@ -30,13 +30,15 @@ def _where(site) -> str:
     return f"block {site.block.name_hint!r}"
 
 
-def walks_run_time_tiles(policy: str) -> bool:
-    """Whether ``policy`` can walk a tile count known only at run time: its closed forms take a
-    run-time grid, or it is the kernel as written; a chooser picks among those."""
+def walks_run_time_tiles(policy: str, on_device: bool = False) -> bool:
+    """Whether ``policy`` can walk a tile count known only at run time: its closed forms take
+    one the host knows (``Policy.runtime_tiles``; with ``on_device``, one only the device
+    knows, ``Policy.runtime_grid``), or it is the kernel as written; a chooser picks among
+    those."""
     if policies.chooser(policy) is not None:
         return True
     rule = policies.get(policy)
-    return rule.runtime_grid or rule.is_original
+    return (rule.runtime_grid if on_device else rule.runtime_tiles) or rule.is_original
 
 
 def original_policy() -> str:
@@ -56,10 +58,10 @@ def run_time_walker() -> str:
     return next(p.name for p in policies.concrete() if p.runtime_grid)
 
 
-def _run_time_capable() -> str:
+def _run_time_capable(on_device: bool = False) -> str:
     """``policy='data_parallel' or 'stream_k' or 'heuristic'``: what takes a run-time tile
-    count."""
-    names = [p.name for p in policies.concrete() if p.runtime_grid or p.is_original]
+    count (:func:`walks_run_time_tiles`)."""
+    names = [p.name for p in policies.concrete() if walks_run_time_tiles(p.name, on_device)]
     names = [*dict.fromkeys(names), *policies.choosers()]
     return "policy=" + " or ".join(map(repr, names))
 
@@ -139,12 +141,12 @@ def check_ragged(site, policy: str) -> None:
     """
     if site.ragged is None:
         return
-    if not walks_run_time_tiles(policy):
+    if not walks_run_time_tiles(policy, on_device=True):
         raise StreamKError(
             COND_RAGGED,
             f"policy={policy!r} for the {_grouped(site)} of {_where(site)}, whose tile count only "
             "the device knows",
-            f"Pass {_run_time_capable()}.",
+            f"Pass {_run_time_capable(on_device=True)}.",
         )
     original = policies.chooser(policy) is None and policies.get(policy).is_original
     if site.fragment_accumulator and not original:
@@ -168,12 +170,13 @@ def check_ragged(site, policy: str) -> None:
 def check_runtime_tiles(site, policy: str, group: int | None) -> None:
     """Refuse a decision a tile count known only at run time (a dynamic M) cannot take.
 
-    The persistent grid is then computed at run time and the kernel evaluates the closed forms
-    on the run-time count: only a policy that walks a run-time tile count can
+    The grid is then computed at run time and the kernel evaluates the closed forms on the
+    run-time count: only a policy that walks a run-time tile count can
     (:func:`walks_run_time_tiles`); a chooser records one of those chosen per count when the
     kernel runs (:mod:`tvm_streamk.run_time_choice`). Tensor-core fragments take only aligned
-    splits, whose grid is fixed at compile time, and the grouped tile order divides by the
-    band's extents.
+    splits: asked for by name (or by batch invariance, one block per chunk), the aligned
+    split-K, whose tiles x S grid keeps the band's loops; a chooser keeps them data-parallel.
+    The grouped tile order divides by the band's extents.
     """
     if not site.runtime_tiles:
         return
@@ -188,13 +191,14 @@ def check_runtime_tiles(site, policy: str, group: int | None) -> None:
     chooser = policies.chooser(policy) is not None
     if not chooser and policies.get(policy).is_original:
         return
-    # A chooser keeps a fragment kernel data-parallel.
-    if site.fragment_accumulator and not chooser:
+    # A chooser keeps a fragment kernel data-parallel; the aligned split keeps its grid of
+    # tiles x S blocks at any count.
+    if site.fragment_accumulator and not chooser and policy != aligned_policy():
         raise StreamKError(
             COND_RUNTIME_TILES,
-            f"a tensor-core fragment accumulator with {found}",
-            "Fragments take only aligned splits, fixed at compile time: specialise the shape, "
-            "or use policy='data_parallel'.",
+            f"a tensor-core fragment accumulator with policy={policy!r} and {found}",
+            f"Fragments take only aligned splits: use policy={aligned_policy()!r} with splits "
+            "dividing the K-panels, or policy='data_parallel', or specialise the shape.",
         )
     if group:
         raise StreamKError(

@@ -8,8 +8,9 @@ one :class:`Policy` subclass in its own module, registered with :func:`register`
 * its closed forms (:meth:`Policy.block_range` and the rest), written against
   :class:`~tvm_streamk.decomposition.ops.Ops` so the lowering evaluates them on TIR;
 * what the lowering and the fix-ups need to know of it (:attr:`Policy.is_original`,
-  :attr:`Policy.runtime_grid`, :meth:`Policy.aligned_splits`, :meth:`Policy.counter_tiles`,
-  :meth:`Policy.slots_per_block`, :meth:`Policy.largest_intermediate`);
+  :attr:`Policy.runtime_tiles`, :attr:`Policy.runtime_grid`, :meth:`Policy.aligned_splits`,
+  :meth:`Policy.counter_tiles`, :meth:`Policy.slots_per_block`,
+  :meth:`Policy.largest_intermediate`);
 * the candidates it offers the heuristic (:meth:`Policy.candidates`).
 
 :class:`~tvm_streamk.decomposition.Plan` stores the fields and delegates every closed form to its
@@ -71,8 +72,12 @@ class Policy:
     persistent : bool
         Whether the grid is a persistent grid of resident blocks (at most ``num_sms *
         blocks_per_sm``), which the plan checks.
+    runtime_tiles : bool
+        Whether the closed forms hold for a tile count the host knows only at run time (a
+        dynamic M): the host computes the grid from it.
     runtime_grid : bool
-        Whether the closed forms hold for a grid read from the device at run time.
+        Whether the closed forms hold for a grid read from the device at run time (an SM
+        count read there, or a grouped GEMM's tile count, which only the device knows).
     is_original : bool
         Whether the tiled kernel as written already is this decomposition (nothing to lower).
     aligned_for_fragments : bool
@@ -89,6 +94,7 @@ class Policy:
     needs_num_sms: ClassVar[bool] = True
     takes_splits: ClassVar[bool] = False
     persistent: ClassVar[bool] = False
+    runtime_tiles: ClassVar[bool] = False
     runtime_grid: ClassVar[bool] = False
     is_original: ClassVar[bool] = False
     aligned_for_fragments: ClassVar[bool] = False

@@ -45,15 +45,15 @@ def at_run_time(
     grid computed at run time, at most ``grid_bound`` blocks. The view is the lowering's: its
     ``tiles``, ``iterations``, ``sk_tiles`` and ``counter_tiles`` are expressions, and what
     enumerates the work (``work``, ``split_tiles``) needs ints. Only a policy whose closed
-    forms take a run-time grid (``runtime_grid``) has closed forms on a run-time tile count
-    too; a policy that is the kernel as written (``is_original``) launches one block per tile.
+    forms take a run-time tile count (``runtime_tiles``) has them here; a policy that is the
+    kernel as written (``is_original``) launches one block per tile.
     ``variant`` picks another variant of the plan's policy for the view (one whose grid only
     the run time decides).
     """
-    if not (p.scheme.runtime_grid or p.scheme.is_original):
+    if not (p.scheme.runtime_tiles or p.scheme.is_original):
         raise DecompositionError(
             f"a tile count known only at run time with policy={p.policy!r}; only "
-            f"{_spelled(r.name for r in registry.concrete() if r.runtime_grid)} splits a "
+            f"{_spelled(r.name for r in registry.concrete() if r.runtime_tiles)} splits a "
             "run-time count"
         )
     view = object.__new__(RuntimeTilesPlan)
@@ -78,6 +78,7 @@ def plan_at_run_time(
     runtime_sms: bool = False,
     variant: str | None = None,
     buckets: tuple | None = None,
+    splits: int | None = None,
 ) -> RuntimeTilesPlan:
     """The plan of a kernel whose tile count ``tiles`` (an expression) is known only at run time.
 
@@ -88,16 +89,17 @@ def plan_at_run_time(
     ``data_parallel``'s view is the kernel as written, one block per tile; a ``variant`` of
     ``policy`` may choose the grid from the run-time count
     (:class:`tvm_streamk.run_time_choice.StreamKOrDataParallel`), and ``buckets`` are its
-    Stream-K tile counts as decided (:attr:`Plan.buckets`).
+    Stream-K tile counts as decided (:attr:`Plan.buckets`); ``splits`` serves a policy that
+    takes them (split-K's grid, ``tiles * splits``, is the run-time count's).
     """
     panels = positive_int("panels", panels, "the number of K-panels per tile")
     blocks_per_sm = positive_int("blocks_per_sm", blocks_per_sm, "the resident blocks per SM")
     num_sms = positive_int("num_sms", num_sms, "the SM count of the GPU")
     rule = _concrete(policy)
-    if not (rule.runtime_grid or rule.is_original):
+    if not (rule.runtime_tiles or rule.is_original):
         raise DecompositionError(
             f"a tile count known only at run time with policy={policy!r}; pass policy="
-            f"{_spelled(p.name for p in registry.concrete() if p.runtime_grid or p.is_original)}"
+            f"{_spelled(p.name for p in registry.concrete() if p.runtime_tiles or p.is_original)}"
         )
     if runtime_sms and variant is not None and not registry.get(policy, variant).runtime_grid:
         raise DecompositionError(
@@ -107,7 +109,7 @@ def plan_at_run_time(
     # A stand-in count that fills the largest grid the run time can launch: the plan's grid and
     # run-time bound are then those of any large enough count.
     stand_in = max(num_sms, MAX_RUNTIME_SMS) * blocks_per_sm
-    static = plan(stand_in, panels, num_sms, blocks_per_sm, policy)
+    static = plan(stand_in, panels, num_sms, blocks_per_sm, policy, splits=splits)
     bound = static.runtime_grid_bound() if runtime_sms else static.grid
     reason = (
         "the tile count is known only at run time: the kernel computes its grid and work split "

@@ -22,6 +22,8 @@ class SplitK(Policy):
     rank = 10
     needs_num_sms = False
     takes_splits = True
+    # Its grid is tiles x S, whatever the SM count: the host computes it from a run-time count.
+    runtime_tiles = True
 
     def label(self, p):
         return f"split_k(S={p.splits})"
@@ -50,6 +52,10 @@ class SplitK(Policy):
         k = ops.floormod(it, P)
         # Largest split s with s*P//S <= k; unique because every split is non-empty.
         return ops.floordiv(it, P) * S + ops.floordiv((k + 1) * S - 1, P), 0
+
+    def run_time_grid(self, p, slots, ops, fixup):
+        # One block per (tile, split), whatever the resident slots: the grid is the count's.
+        return p.grid
 
     def tile_peers(self, p, tile, ops, g):
         return p.splits

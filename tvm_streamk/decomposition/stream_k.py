@@ -56,6 +56,7 @@ class StreamK(Policy):
     code = 2
     rank = 40
     persistent = True
+    runtime_tiles = True
     runtime_grid = True
     aligned_for_fragments = True
 

@@ -10,6 +10,10 @@ unchanged. The rule keeps, per kernel, the plan
 it recorded (``StreamKMatmul.decided``) or why it did not apply (``StreamKMatmul.skipped``),
 keyed by :func:`kernel_key` (fused Relax functions have no symbol yet when dlight runs). The
 ``tvm_streamk`` TIR pipeline lowers the result.
+
+With ``batch_invariant=True`` a static M is made a run-time extent first
+(:func:`tvm_streamk.transform.run_time_rows.run_time_rows`): every M of one weight, one token
+included, then runs the one kernel of a run-time M (docs/batch_invariance.md).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from tvm import tirx
 
 from .._compat import Schedule, dlight, dlight_cuda_target
 from ..transform.group_axis import GroupAxisRefused, split_group_axis
+from ..transform.run_time_rows import run_time_rows
 from .decisions import RecordsDecisions, decide, kernel_key
 
 __all__ = ["StreamKMatmul", "kernel_key"]
@@ -47,9 +52,12 @@ class StreamKMatmul(RecordsDecisions, dlight.gpu.Matmul):
     """
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool):
+        name = self.decisions.key(func)
+        if self.config.batch_invariant:
+            # Every M of one weight runs the kernel of a run-time M (transform/run_time_rows).
+            func = run_time_rows(func) or func
         # sm_90a (the H100 tag) gets the tensor-core schedule sm_90 gets (_compat docstring).
         sch = super().apply(func, dlight_cuda_target(target), tunable)
-        name = self.decisions.key(func)
         if sch is None:
             # A grouped convolution, as the batched GEMM over its groups that it is.
             try:

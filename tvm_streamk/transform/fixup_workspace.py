@@ -212,8 +212,10 @@ class WorkspaceFixup(fixup.Fixup):
             tiles = plan.tiles
             self.wide = not isinstance(tiles, int) or tiles * chunks[1] * self.elems > INT32_MAX
         else:
-            # A run-time grid gets slots for the largest grid it can launch.
-            blocks = plan.grid if grid is None else plan.runtime_grid_bound()
+            # A run-time grid gets slots for the largest grid it can launch; one that follows
+            # the tiles alone (split-K's tiles x S), for that grid.
+            resident = grid is not None and plan.scheme.needs_num_sms
+            blocks = plan.runtime_grid_bound() if resident else plan.grid
             slots = self.slots(plan, blocks)
         shape = (slots, self.elems)
         if self.wide:
@@ -233,9 +235,10 @@ class WorkspaceFixup(fixup.Fixup):
         # peers are (_record_peers): the last arriver then walks them without the closed forms'
         # 64-bit divisions by run-time counts. Written before the writers arrive, read after the
         # last arrival: never zeroed. The last arriver's leader hands the two words it read
-        # (the first peer's slot, the last peer's block) to its block like the verdict.
+        # (the first peer's slot, the last peer's block) to its block like the verdict. A grid
+        # of tiles x S blocks (split-K) has its peers at tile * S + p, with no such division.
         self.record = self.shared_peers = self.peers = None
-        if grid is not None and not self.chunked:
+        if grid is not None and not self.chunked and plan.scheme.needs_num_sms:
             self.record = tirx.decl_buffer(
                 (self.counter_tiles * 2,), "int32", name="sk_peer_record"
             )

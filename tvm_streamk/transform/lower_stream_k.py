@@ -438,7 +438,7 @@ def _aligned_nest(site, plan, fixup, strip, tile_body) -> tirx.Stmt:
 
     tile_index = int_imm(0, dtype)
     for loop in site.band:
-        tile_index = tile_index * int(loop.extent) + cast_to(dtype, loop.loop_var)
+        tile_index = tile_index * cast_to(dtype, loop.extent) + cast_to(dtype, loop.loop_var)
     body = seq(
         [
             tirx.Bind(seg.tile, tile_index),
@@ -464,7 +464,7 @@ def _aligned_nest(site, plan, fixup, strip, tile_body) -> tirx.Stmt:
                     body,
                 ]
             )
-            body = bound_loop(zz, int(loop.extent) * splits, body, "blockIdx.z")
+            body = bound_loop(zz, cast_to(dtype, loop.extent) * splits, body, "blockIdx.z")
         else:
             body = with_body(loop, body)
     if z_loop is None:
