@@ -48,22 +48,27 @@ def grouped_matmul_kernel(
     policy: str = "stream_k",
     fixup: str = "auto",
     target=None,
+    batch_invariant: bool = False,
 ) -> tirx.PrimFunc:
     """The scheduled grouped GEMM ``Y = X @ W[expert]`` with its Stream-K decision.
 
     ``layout`` "NT" takes ``W`` as (groups, N, K), as a Linear layer per expert stores it;
     "NN" as (groups, K, N). ``tiles`` is ``(bm, bn, bk, tm, tn)`` of
     :func:`~tvm_streamk.workloads.reference_schedule`. ``num_sms``, ``blocks_per_sm``,
-    ``policy``, ``fixup`` and ``target`` are :func:`tvm_streamk.stream_k`'s;
+    ``policy``, ``fixup``, ``target`` and ``batch_invariant`` are :func:`tvm_streamk.stream_k`'s;
     ``policy="data_parallel"`` keeps the padded kernel as scheduled (a tile per expert for the
-    largest possible expert's every row tile). The function is marked scheduled, so dlight
-    leaves it as it is.
+    largest possible expert's every row tile). With ``batch_invariant=True`` a token's output
+    has the same bits whatever the other experts received, the grid or the policy
+    (docs/batch_invariance.md). The function is marked scheduled, so dlight leaves it as it is.
     """
     func = grouped_gemm(groups, N, K, layout=layout, in_dtype=in_dtype, out_dtype=out_dtype)
-    return _scheduled(func, tiles, num_sms, blocks_per_sm, policy, fixup, target)
+    knobs = (num_sms, blocks_per_sm, policy, fixup, target, batch_invariant)
+    return _scheduled(func, tiles, *knobs)
 
 
-def _scheduled(func, tiles, num_sms, blocks_per_sm, policy, fixup, target) -> tirx.PrimFunc:
+def _scheduled(
+    func, tiles, num_sms, blocks_per_sm, policy, fixup, target, batch_invariant=False
+) -> tirx.PrimFunc:
     """``func`` under the reference schedule of ``tiles`` with its Stream-K decision, marked
     scheduled (dlight leaves it as it is)."""
     bm, bn, bk, tm, tn = tiles
@@ -76,6 +81,7 @@ def _scheduled(func, tiles, num_sms, blocks_per_sm, policy, fixup, target) -> ti
         policy=policy,
         fixup=fixup,
         target=target,
+        batch_invariant=batch_invariant,
     )
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
@@ -93,6 +99,7 @@ def grouped_weight_grad_kernel(
     policy: str = "stream_k",
     fixup: str = "auto",
     target=None,
+    batch_invariant: bool = False,
 ) -> tirx.PrimFunc:
     """The scheduled MoE weight gradient ``dW[g] = dY_gᵀ · X_g`` with its Stream-K decision.
 
@@ -104,10 +111,12 @@ def grouped_weight_grad_kernel(
     :func:`~tvm_streamk.workloads.reference_schedule` (its ``bm, bn, bk, tm, tn``). The other
     keywords are :func:`tvm_streamk.stream_k`'s; ``policy="data_parallel"`` keeps the kernel as
     written, every tile over the panels of all the tokens (zeros past its group's). An empty
-    expert's gradient is written as zeros.
+    expert's gradient is written as zeros. ``batch_invariant=True`` is refused with the reason
+    (the data-parallel kernel already sums each expert's tokens in one order).
     """
     func = grouped_weight_grad(groups, N, K, in_dtype=in_dtype, out_dtype=out_dtype)
-    return _scheduled(func, tiles, num_sms, blocks_per_sm, policy, fixup, target)
+    knobs = (num_sms, blocks_per_sm, policy, fixup, target, batch_invariant)
+    return _scheduled(func, tiles, *knobs)
 
 
 def emit_moe_matmul(

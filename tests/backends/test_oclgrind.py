@@ -230,17 +230,31 @@ def test_split_k_on_a_run_time_tile_count(fixup, splits, m):
 
 
 @pytest.mark.parametrize(
-    ("policy", "fixup"),
-    [("data_parallel", "atomic"), ("stream_k", "atomic"), ("stream_k", "workspace")],
+    ("policy", "fixup", "invariant"),
+    [
+        ("data_parallel", "atomic", False),
+        ("stream_k", "atomic", False),
+        ("stream_k", "workspace", False),
+        ("data_parallel", "workspace", True),
+        ("stream_k", "workspace", True),
+    ],
 )
-def test_grouped_gemm(policy, fixup):
+def test_grouped_gemm(policy, fixup, invariant):
     # Uneven and empty groups: the group tile offsets written by the prologue kernel, searched
     # by every tile, the row guards of the views, the counters sized by the tile bound.
     counts = [9, 0, 20, 0, 3]
     func = workloads.grouped_gemm(len(counts), 24, 24)
     sch = workloads.reference_schedule(func, bm=8, bn=8, bk=8, tm=2, tn=2)
+    # Batch-invariant: 3 panels, 3 chunks, every chunk of every tile a slot at the tile bound.
     tvm_streamk.stream_k(
-        sch, "C_update", num_sms=3, blocks_per_sm=1, fixup=fixup, policy=policy, target=OPENCL
+        sch,
+        "C_update",
+        num_sms=3,
+        blocks_per_sm=1,
+        fixup=fixup,
+        policy=policy,
+        target=OPENCL,
+        batch_invariant=invariant,
     )
     args = workloads.grouped_args(counts, 24, 24, rng=np.random.default_rng(3))
     result = oclgrind.check(sch.mod, *args, pipeline="tvm_streamk")

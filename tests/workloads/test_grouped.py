@@ -225,9 +225,11 @@ def test_moe_shapes_are_checked():
 
 @pytest.mark.ptxas
 @pytest.mark.skipif(not ptxas.available(), reason="nvcc is not on PATH")
-@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+@pytest.mark.parametrize(
+    ("fixup", "invariant"), [("atomic", False), ("workspace", False), ("workspace", True)]
+)
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_grouped_kernel_resources(fixup, arch):
+def test_grouped_kernel_resources(fixup, invariant, arch):
     # Measured (64x64 tiles, 256 threads, sm_80 and sm_90 alike): data-parallel 48 registers;
     # Stream-K with the atomic fix-up 48 (both 64 on sm_80 while a segment's tile was int64),
     # with the workspace fix-up 64 (on sm_80: 79 while the last arriver found its peers by
@@ -244,7 +246,14 @@ def test_grouped_kernel_resources(fixup, arch):
     base = max(report(dp).values(), key=lambda r: r.registers)
     assert base.spills == 0 and base.stack == 0, base
     kernel = moe.grouped_matmul_kernel(
-        8, 512, 256, target=target, num_sms=sms, fixup=fixup, tiles=(64, 64, 16, 4, 4)
+        8,
+        512,
+        256,
+        target=target,
+        num_sms=sms,
+        fixup=fixup,
+        tiles=(64, 64, 16, 4, 4),
+        batch_invariant=invariant,
     )
     for name, r in report(kernel).items():
         assert r.spills == 0 and r.stack == 0, (name, r)
@@ -298,3 +307,73 @@ def test_moe_token_features_are_checked():
     kernel = moe.grouped_matmul_kernel(4, 32, 16, num_sms=2, tiles=(16, 16, 8, 2, 2))
     with pytest.raises(StreamKError, match=r"\[moe-shapes\].*16 features"):
         _moe_module(kernel, 4, 32, 16, "float32", x_k=24)
+
+
+# Group 2 holds the same five tokens in every routing; the other groups' counts change.
+SHARED_GROUP, SHARED_ROWS = 2, 5
+ROUTINGS = ([3, 0, 5, 64, 1], [40, 7, 5, 0, 100], [0, 0, 5, 0, 0])
+# Every decomposition of the grouped GEMM, on grids of 2, 3, 5 and 7 compute units.
+GROUPED_DECOMPOSITIONS = [
+    ("data_parallel", 2),
+    ("stream_k", 3),
+    ("stream_k", 5),
+    ("heuristic", 7),
+    ("stream_k", 2),
+]
+
+
+def _shared_rows(mod: tvm.IRModule, seed=0) -> list[np.ndarray]:
+    """Group 2's output rows (their bits) under each routing, the same five tokens and the same
+    weights each time; every run against float64 numpy with the output poisoned."""
+    rng = np.random.default_rng(seed)
+    base = grouped_args(ROUTINGS[0], N, K, rng=rng)
+    weights, tokens = base[1], rng.uniform(-1, 1, (SHARED_ROWS, K)).astype("float32")
+    rows = []
+    for counts in ROUTINGS:
+        x = rng.uniform(-1, 1, (sum(counts), K)).astype("float32")
+        start = sum(counts[:SHARED_GROUP])
+        x[start : start + SHARED_ROWS] = tokens
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(base[2].dtype)
+        out = np.full((sum(counts), N), np.nan, np.float32)
+        out = pocl_backend.run(mod, x, weights, offsets, out, pipeline="tvm_streamk")[-1]
+        assert workloads.relative_error(out, grouped_reference(x, weights, offsets)) <= 1e-5
+        rows.append(out[start : start + SHARED_ROWS].view(np.uint32).copy())
+    return rows
+
+
+def test_batch_invariant_tokens_whatever_the_other_groups_hold():
+    """A token's output under ``batch_invariant=True`` has the same bits whatever the other
+    experts received, the grid and the decomposition (data-parallel included: it walks its
+    tiles chunk by chunk); with the shared comparison, the kernels without the mode differ
+    (the test that it can fail)."""
+    shared, without = [], []
+    for policy, sms in GROUPED_DECOMPOSITIONS:
+        for invariant, found in ((True, shared), (False, without)):
+            sch = workloads.reference_schedule(
+                grouped_gemm(5, N, K), bm=16, bn=16, bk=8, tm=2, tn=2
+            )
+            plan = tvm_streamk.stream_k(
+                sch,
+                "C_update",
+                num_sms=sms,
+                policy=policy,
+                fixup="workspace",
+                blocks_per_sm=1,
+                batch_invariant=invariant,
+            )
+            assert ("batch-invariant" in plan.reason) == invariant, plan.reason
+            found.extend(_shared_rows(sch.mod))
+    assert all((r == shared[0]).all() for r in shared[1:])
+    assert any((r != without[0]).any() for r in without[1:])
+
+
+def test_batch_invariant_moe_kernel_and_its_refusals():
+    func = moe.grouped_matmul_kernel(
+        5, N, K, layout="NN", tiles=(16, 16, 8, 2, 2), num_sms=3, batch_invariant=True
+    )
+    rows = _shared_rows(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))
+    assert all((r == rows[0]).all() for r in rows[1:])
+    with pytest.raises(StreamKError, match=r"\[batch-invariant\].*atomic"):
+        moe.grouped_matmul_kernel(5, N, K, num_sms=3, fixup="atomic", batch_invariant=True)
+    with pytest.raises(StreamKError, match=r"Not built for a ragged K"):
+        moe.grouped_weight_grad_kernel(5, N, K, num_sms=3, batch_invariant=True)

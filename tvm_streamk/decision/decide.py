@@ -175,13 +175,6 @@ def decide(
     checked = replace(decision, num_sms=sms.planned) if sms.recorded == TARGET_SMS else decision
     plan = check(site, checked, target)
     chosen = plan if chosen is None else chosen
-    if chunk:
-        count = chunks.chunk_count(site.kernel_panels, chunk)
-        counted = "its aligned split" if site.fragment_accumulator else "the plan"
-        chosen = chosen.with_reason(
-            f"{chosen.reason}; batch-invariant: K in {count} chunk(s) of {chunk} panels, each "
-            f"summed from zero and merged in chunk order ({counted} counts chunks)"
-        )
     if site.ragged is not None and site.ragged.reduction and not chosen.scheme.is_original:
         chosen = chosen.with_reason(
             "Stream-K over the ragged K of a grouped weight gradient: each tile has its group's "
@@ -195,6 +188,13 @@ def decide(
             "so the grid is the persistent one and the kernel reads the count from the group "
             "offsets (the kernel as written launches a tile per group for the largest group's "
             "every row tile)"
+        )
+    if chunk:
+        count = chunks.chunk_count(site.kernel_panels, chunk)
+        counted = "its aligned split" if site.fragment_accumulator else "the plan"
+        chosen = chosen.with_reason(
+            f"{chosen.reason}; batch-invariant: K in {count} chunk(s) of {chunk} panels, each "
+            f"summed from zero and merged in chunk order ({counted} counts chunks)"
         )
     if sms.deferred:
         when = (

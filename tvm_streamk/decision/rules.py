@@ -262,21 +262,17 @@ def invariant_fixups() -> list[str]:
 
 
 def check_invariant_ragged(site) -> None:
-    """Refuse batch invariance for a grouped GEMM or a ragged reduction, with the reason."""
-    if site.ragged is None:
+    """Refuse batch invariance for a ragged reduction (a grouped weight gradient), with the
+    reason. A grouped GEMM's K is the same for every tile, and its chunks are the plain GEMM's:
+    a token's output then has the same bits whatever the other groups hold."""
+    if site.ragged is None or not site.ragged.reduction:
         return
     raise StreamKError(
         COND_BATCH_INVARIANT,
         f"batch_invariant=True for the {_grouped(site)} of {_where(site)}",
-        (
-            "Not built for a ragged K: where Stream-K splits a group's tiles depends on the "
-            "other groups' token counts and the grid. Drop batch_invariant; "
-            "policy='data_parallel' sums every tile in token order in one block, the same "
-            "bits whatever the other groups hold."
-        )
-        if site.ragged.reduction
-        else "Not built for grouped GEMMs: drop batch_invariant (a row's bits then depend "
-        "on its group's row count), or run each group as its own GEMM.",
+        "Not built for a ragged K: a group's chunk grid would follow its own token count, "
+        "which only the device knows. Drop batch_invariant; policy='data_parallel' sums every "
+        "tile in token order in one block, the same bits whatever the other groups hold.",
     )
 
 

@@ -206,10 +206,11 @@ class WorkspaceFixup(fixup.Fixup):
         self.wide = False
         if self.chunked:
             # One slot per chunk of every tile, at tile * n + chunk (_chunk_slot): a tile
-            # count read at run time sizes it at run time.
-            self.counter_tiles = plan.tiles
-            slots = plan.tiles * chunks[1]
-            tiles = plan.tiles
+            # count read at run time sizes it at run time; a grouped GEMM's, read on the
+            # device, at its bound.
+            tiles = plan.tiles if ragged is None else ragged.counter_tiles
+            self.counter_tiles = tiles
+            slots = tiles * chunks[1]
             self.wide = not isinstance(tiles, int) or tiles * chunks[1] * self.elems > INT32_MAX
         else:
             # A run-time grid gets slots for the largest grid it can launch; one that follows

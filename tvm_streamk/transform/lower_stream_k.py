@@ -127,8 +127,10 @@ def rewrite(
     whole_tiles = plan.scheme.is_original and site.ragged is not None and not site.ragged.reduction
     if whole_tiles:
         # A grouped GEMM's data-parallel kernel: one block per tile the groups hold (the
-        # closed forms of Stream-K on as many blocks as tiles), not the padded band.
-        plan = decomposition.plan_at_run_time(site.tile_count, site.panels, 1, 1, "stream_k")
+        # closed forms of Stream-K on as many blocks as tiles), not the padded band. A
+        # batch-invariant one walks its tile's chunks, merged in chunk order.
+        units = site.panels if chunked is None else chunked[1]
+        plan = decomposition.plan_at_run_time(site.tile_count, units, 1, 1, "stream_k")
     elif persistent_when is False or (
         plan.scheme.is_original and (chunked is None or chunked[1] == 1)
     ):
@@ -149,7 +151,7 @@ def rewrite(
     device_grid = None
     if decision.num_sms == DEVICE_SMS or site.runtime_tiles:
         device_grid = var("sk_grid", index_dtype(site, plan, runtime_grid=True))
-    if whole_tiles:
+    if whole_tiles and chunked is None:
         fixup = tile_space.WholeTiles(site, plan, target, None, tile_body, device_grid)
     else:
         fixup = make_fixup(site, plan, decision, target, tile_body, device_grid, chunked)
