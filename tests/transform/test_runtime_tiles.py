@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from tvm import relax, tirx
+from tvm import tirx
 
 import tvm_streamk
 from tests.helpers import A100, H100
+from tests.kernels import dlight_matmul
 from tvm_streamk import decomposition, ptxas, run_time_choice, workloads
 from tvm_streamk import pocl as pocl_backend
 from tvm_streamk._compat import Schedule, arith, dlight, dtype_of, structural_walk
@@ -32,19 +33,7 @@ def _reference_kernel(m="m"):
 
 def _dlight_kernel(n: int = 192, k: int = 256, target=A100) -> tuple[Schedule, str]:
     """dlight's padded dynamic-M matmul schedule of ``a[m, k] @ b[k, n]`` (int64 ``m``)."""
-    bb = relax.BlockBuilder()
-    m = tirx.Var("m", "int64")
-    a = relax.Var("a", relax.TensorType((m, k), "float32"))
-    b = relax.Var("b", relax.TensorType((k, n), "float32"))
-    with bb.function("main", [a, b]):
-        with bb.dataflow():
-            c = bb.emit_output(relax.op.matmul(a, b))
-        bb.emit_func_output(c)
-    with target:
-        mod = dlight.ApplyDefaultSchedule(dlight.gpu.Matmul())(
-            relax.transform.LegalizeOps()(bb.get())
-        )
-    (func,) = [f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
+    func = dlight_matmul(tirx.Var("m", "int64"), k, n, dlight.gpu.Matmul(), target)
     sch = Schedule(func.with_attr("global_symbol", "main"))
     return sch, first_site(sch.mod["main"]).block.name_hint
 
