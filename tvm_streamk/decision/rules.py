@@ -193,7 +193,7 @@ def check_runtime_tiles(site, policy: str, group: int | None) -> None:
         return
     # A chooser keeps a fragment kernel data-parallel; the aligned split keeps its grid of
     # tiles x S blocks at any count.
-    if site.fragment_accumulator and not chooser and policy != aligned_policy():
+    if site.fragment_accumulator and not chooser and not policies.get(policy).takes_splits:
         raise StreamKError(
             COND_RUNTIME_TILES,
             f"a tensor-core fragment accumulator with policy={policy!r} and {found}",

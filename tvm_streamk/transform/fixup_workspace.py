@@ -197,25 +197,26 @@ class WorkspaceFixup(fixup.Fixup):
         # A batch-invariant kernel of several chunks: every tile is merged, chunk by chunk.
         self.chunked = chunks is not None and chunks[1] > 1
         self.active = self.chunked or grid is not None or bool(plan.split_tiles)
-        # A grouped GEMM's tile count is read on the device: its counters take the bound.
         # A grouped GEMM's tile count is read on the device (its counters take the bound); a
         # ragged reduction's tiles are the band's.
         ragged = site.ragged
         self.counter_tiles = plan.counter_tiles if ragged is None else ragged.counter_tiles
+        # A grid of resident blocks read at run time (Stream-K's), not one that follows the
+        # tiles alone (split-K's tiles x S, whatever the SM count).
+        resident = grid is not None and plan.scheme.needs_num_sms
         # Slot indices in int64 where the workspace passes 2^31 elements (_chunk_slot).
         self.wide = False
         if self.chunked:
             # One slot per chunk of every tile, at tile * n + chunk (_chunk_slot): a tile
-            # count read at run time sizes it at run time; a grouped GEMM's, read on the
-            # device, at its bound.
-            tiles = plan.tiles if ragged is None else ragged.counter_tiles
-            self.counter_tiles = tiles
+            # count read at run time sizes it at run time (a grouped GEMM's, read on the
+            # device, at its bound).
+            if ragged is None:
+                self.counter_tiles = plan.tiles
+            tiles = self.counter_tiles
             slots = tiles * chunks[1]
             self.wide = not isinstance(tiles, int) or tiles * chunks[1] * self.elems > INT32_MAX
         else:
-            # A run-time grid gets slots for the largest grid it can launch; one that follows
-            # the tiles alone (split-K's tiles x S), for that grid.
-            resident = grid is not None and plan.scheme.needs_num_sms
+            # A resident grid gets slots for the largest grid it can launch.
             blocks = plan.runtime_grid_bound() if resident else plan.grid
             slots = self.slots(plan, blocks)
         shape = (slots, self.elems)
@@ -239,7 +240,7 @@ class WorkspaceFixup(fixup.Fixup):
         # (the first peer's slot, the last peer's block) to its block like the verdict. A grid
         # of tiles x S blocks (split-K) has its peers at tile * S + p, with no such division.
         self.record = self.shared_peers = self.peers = None
-        if grid is not None and not self.chunked and plan.scheme.needs_num_sms:
+        if resident and not self.chunked:
             self.record = tirx.decl_buffer(
                 (self.counter_tiles * 2,), "int32", name="sk_peer_record"
             )

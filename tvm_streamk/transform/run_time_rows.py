@@ -73,16 +73,10 @@ def run_time_rows(func: tirx.PrimFunc, name: str = "m") -> tirx.PrimFunc | None:
     if not rows:
         return None
     extent = axes.extents[rows[-1]]
-    reach = _reach(realizes, rows[-1], extent)
+    reach = _reach(func, realizes, rows[-1], extent)
     if reach is None:
         return None
     row_vars, row_dims, row_loops = reach
-    loops: list = []
-    structural_walk(func.body, (tirx.For, loops.append))
-    for f in loops:
-        over_rows = any(f.loop_var.same_as(v) for v in row_loops)
-        if over_rows and not (_is_const(f.min, 0) and _is_const(f.extent, extent)):
-            return None
     m = tirx.Var(name, _extent_dtype(main, rows[-1]))
     renamed = {}
     for buf, dims in row_dims.items():
@@ -122,7 +116,7 @@ def _extent_dtype(block: SBlock, row) -> str:
     return str(iv.dom.extent.ty)
 
 
-def _reach(realizes, row, extent: int):
+def _reach(func: tirx.PrimFunc, realizes, row, extent: int):
     """``(row iteration variables, buffer -> row axes, loop variables over rows)`` reached
     from ``row`` through every block's accesses, or None where a use is not a whole index of
     an axis of ``extent`` or a row variable is bound otherwise (:func:`run_time_rows`,
@@ -145,7 +139,8 @@ def _reach(realizes, row, extent: int):
                     if not (uses or known):
                         continue
                     whole = is_row(r.min) or (known and _own_var(r.min, realize.block))
-                    if not whole or not _is_one(r.extent) or not _is_const(buf.ty.shape[d], extent):
+                    one = _is_const(r.extent, 1)
+                    if not (whole and one and _is_const(buf.ty.shape[d], extent)):
                         return None
                     if not known:
                         row_dims.setdefault(buf, set()).add(d)
@@ -171,6 +166,12 @@ def _reach(realizes, row, extent: int):
     # A loop over rows binds rows only, and runs from 0 to their extent.
     if any(_uses_rows(value, row_loops) for iv, value in bindings if not is_row(iv.var)):
         return None
+    loops: list = []
+    structural_walk(func.body, (tirx.For, loops.append))
+    for f in loops:
+        over_rows = any(f.loop_var.same_as(v) for v in row_loops)
+        if over_rows and not (_is_const(f.min, 0) and _is_const(f.extent, extent)):
+            return None
     return row_vars, row_dims, row_loops
 
 
@@ -184,10 +185,6 @@ def _uses_rows(expr, row_vars) -> bool:
         expr, (tirx.Var, lambda v: found.append(v) if any(v.same_as(r) for r in row_vars) else None)
     )
     return bool(found)
-
-
-def _is_one(expr) -> bool:
-    return isinstance(expr, tirx.IntImm) and int(expr) == 1
 
 
 def _is_const(expr, value: int) -> bool:
