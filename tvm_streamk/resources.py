@@ -40,12 +40,15 @@ class KernelUse:
         Shared memory per block in bytes: ptxas's static count plus the dynamic allocation.
     spills : int
         Bytes of spill stores and loads (ptxas).
+    stack : int
+        Bytes of stack frame (ptxas).
     """
 
     threads: int
     registers: int
     shared: int
     spills: int
+    stack: int = 0
 
     def occupancy(self, arch: str) -> occupancy.Occupancy:
         return occupancy.resident_blocks(arch, self.threads, self.registers, self.shared)
@@ -138,6 +141,7 @@ def kernel_uses(
             registers=found.registers,
             shared=found.shared + _dynamic_shared(func),
             spills=found.spills,
+            stack=found.stack,
         )
     return uses
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import tvm
@@ -9,7 +10,7 @@ import tvm
 from . import decomposition, occupancy, ptxas, resources
 from ._compat import Schedule, target_arch
 from .analysis import StreamKSite, analyze_block, sblock_rv
-from .decision import Request, decide, record, validate
+from .decision import Decision, Request, decide, record, validate
 from .errors import StreamKError
 
 
@@ -68,9 +69,11 @@ def stream_k(
     blocks_per_sm : int, optional
         Resident blocks per SM; the persistent grid is ``blocks_per_sm * num_sms``. By default
         the kernel's own occupancy on a CUDA target whose arch :mod:`tvm_streamk.occupancy`
-        knows: the data-parallel kernel and then the Stream-K kernel are built, ptxas counts
-        their registers, and the grid is sized for the blocks of the built kernel one SM holds
-        (as CUTLASS sizes its persistent grid). Without nvcc, for OpenCL, or with no target: 1.
+        knows: the data-parallel kernel is built and ptxas counts its registers; the
+        Stream-K kernel declares as many resident blocks in its ``__launch_bounds__`` (ptxas
+        holds its registers to them) unless its threads or shared memory hold fewer, and the
+        grid is sized for that count (as CUTLASS sizes its persistent grid by the kernel it
+        launches). Without nvcc, for OpenCL, or with no target: 1.
     fixup : str
         How partial tiles are merged. ``"atomic"``: atomic adds into an output zeroed by a
         prologue kernel (the accumulator dtype needs a device atomic add and the write-back must
@@ -204,11 +207,10 @@ def _decide_for_occupancy(sch: Schedule, block_rv, fuse, site, request, target):
     The data-parallel kernel as scheduled is built and read by ptxas first (once per CUDA
     source: :func:`tvm_streamk.ptxas.resources` keeps what it read); the decision made for its
     occupancy is then lowered as the Stream-K kernel on a copy of the schedule
-    (:func:`_stream_k_occupancy`: nvcc runs again only where the Stream-K kernel's registers
-    decide its occupancy), and when it holds a different number of blocks per SM the decision
-    is made again for it, as CUTLASS sizes its persistent grid by the occupancy of the kernel
-    it launches. Without a CUDA target, an arch with known limits or nvcc: one block per SM,
-    and the plan says why.
+    (:func:`_stream_k_occupancy`), and when that holds a different number of blocks per SM the
+    decision is made again for it, as CUTLASS sizes its persistent grid by the occupancy of the
+    kernel it launches. Without a CUDA target, an arch with known limits or nvcc: one block per
+    SM, and the plan says why.
     """
     why = _no_occupancy(target)
     if why is not None:
@@ -227,9 +229,13 @@ def _decide_for_occupancy(sch: Schedule, block_rv, fuse, site, request, target):
             )
         occupancy_of_dp = {"dp_blocks_per_sm": dp.blocks, "warps_per_block": dp.warps_per_block}
         decision, chosen = decide(site, request, target, dp.blocks, **occupancy_of_dp)
-        trial = sch.copy()
-        _record(trial, block_rv, site, fuse, decision)
-        built = _stream_k_occupancy(trial.mod, target, dp_registers)
+
+        def lowered(d: Decision):
+            trial = sch.copy()
+            _record(trial, block_rv, site, fuse, d)
+            return trial.mod
+
+        built, declared = _stream_k_occupancy(lowered, decision, target, dp, dp_registers)
     except StreamKError:
         raise
     except Exception as err:  # noqa: BLE001 - TVM and nvcc fail with assorted exception types
@@ -241,28 +247,55 @@ def _decide_for_occupancy(sch: Schedule, block_rv, fuse, site, request, target):
     bps = built.blocks if built.blocks >= 1 else dp.blocks
     if bps != dp.blocks:
         decision, chosen = decide(site, request, target, bps, **occupancy_of_dp)
+    if declared:
+        decision = dataclasses.replace(decision, declares_occupancy=True)
+    how = "declared by" if declared else "of"
     note = (
-        f"{bps} resident block(s)/SM of the built kernel ({built.limiter} limit; data-parallel "
-        f"kernel {dp.blocks})"
+        f"{bps} resident block(s)/SM {how} the built kernel ({built.limiter} limit; "
+        f"data-parallel kernel {dp.blocks})"
     )
     return decision, chosen.with_reason(f"{chosen.reason}; {note}")
 
 
-def _stream_k_occupancy(mod, target, dp_registers: int):
-    """The resident blocks per SM of the Stream-K kernel of ``mod``.
+def _stream_k_occupancy(lowered, decision: Decision, target, dp, dp_registers: int):
+    """``(occupancy, declared)``: the resident blocks per SM of the Stream-K kernel of
+    ``lowered(decision)``, and whether it declares them.
 
     Its threads and shared memory come from its IR. Where the data-parallel kernel's registers
     and :data:`REGISTER_HEADROOM` hold as many blocks as the data-parallel registers alone, any
     register count in between gives that count, and nvcc need not run. Otherwise ptxas counts
-    the kernel's registers.
+    the kernel's registers. Where it then takes more than the data-parallel registers and the
+    headroom, or spills, the kernel is built again declaring the data-parallel kernel's count
+    in its ``__launch_bounds__`` (:mod:`tvm_streamk.transform.declare_occupancy`), and kept so
+    where ptxas meets it without spills or stack (the ragged-K walk on sm_80: 44-48 registers
+    and 5 blocks, against 64-72 and 4). A kernel within the budget is not declared: a tighter
+    bound can cost instructions in the K loop (dlight's fp32 kernel of a run-time M on sm_90,
+    K = 3072: 401 SASS instructions declaring 8 blocks, 64 registers, against data-parallel's
+    319; the ptxas suite holds the K loop within 15%).
     """
+    mod = lowered(decision)
     _, roomy = resources.resident_blocks(
         mod, target, "tvm_streamk", registers=dp_registers + REGISTER_HEADROOM
     )
     _, tight = resources.resident_blocks(mod, target, "tvm_streamk", registers=dp_registers)
     if roomy.blocks == tight.blocks:
-        return roomy
-    return resources.resident_blocks(mod, target, "tvm_streamk")[1]
+        return roomy, False
+    arch = target_arch(target)
+
+    def built(mod):
+        uses = resources.kernel_uses(mod, target, "tvm_streamk")
+        fewest = min((use.occupancy(arch) for use in uses.values()), key=lambda o: o.blocks)
+        clean = all(use.spills == 0 and use.stack == 0 for use in uses.values())
+        lean = max(use.registers for use in uses.values()) <= dp_registers + REGISTER_HEADROOM
+        return fewest, clean, lean
+
+    written, clean, lean = built(mod)
+    if (clean and lean) or tight.blocks != dp.blocks or dp.blocks < 2:
+        return written, False
+    declared, clean, _ = built(lowered(dataclasses.replace(decision, declares_occupancy=True)))
+    if clean and declared.blocks >= dp.blocks:
+        return declared, True
+    return written, False
 
 
 def _no_occupancy(target: tvm.target.Target | None) -> str | None:

@@ -4,6 +4,8 @@ The occupancy maths is checked against the cases measured with ptxas when the is
 the primitive's default against what ptxas reports for the kernel it builds.
 """
 
+import re
+
 import pytest
 import tvm
 
@@ -11,11 +13,12 @@ import tvm_streamk
 from tests.helpers import A100, H100
 from tests.kernels import dlight_matmul
 from tvm_streamk import occupancy, ptxas, resources, workloads
-from tvm_streamk.analysis import first_site
+from tvm_streamk.analysis import blocks_under, first_site
 from tvm_streamk.decision import record as annotations
 from tvm_streamk.dlight import StreamKMatmul
 
 needs_nvcc = pytest.mark.skipif(not ptxas.available(), reason="nvcc is not on PATH")
+BUILT = re.compile(r"resident block\(s\)/SM (declared by|of) the built kernel")
 
 
 @pytest.mark.parametrize(
@@ -66,7 +69,7 @@ def test_the_primitive_plans_for_the_built_kernel():
     plan = sch.stream_k("C_update", target=A100, fixup="workspace")
     _, built = resources.resident_blocks(sch.mod, A100, "tvm_streamk")
     assert plan.blocks_per_sm == built.blocks and plan.grid == 108 * built.blocks
-    assert "resident block(s)/SM of the built kernel" in plan.reason
+    assert BUILT.search(plan.reason), plan.reason
 
 
 def test_an_explicit_blocks_per_sm_wins():
@@ -106,7 +109,7 @@ def test_deciding_compiles_each_kernel_once(monkeypatch):
     ptxas.clear_cache()
     sch = workloads.reference_schedule(workloads.gemm(4256, 256, 4096), bm=64, bn=64, bk=16)
     plan = sch.stream_k("C_update", target=A100, fixup="workspace")
-    assert "resident block(s)/SM of the built kernel" in plan.reason
+    assert BUILT.search(plan.reason), plan.reason
     # The data-parallel kernel, and the Stream-K kernel because 16 more registers would cost
     # it a block per SM (64 registers x 256 threads: 4 blocks, 80: 3).
     assert len(calls) == 2
@@ -126,8 +129,76 @@ def test_the_register_headroom_is_declared_where_it_costs_no_block(monkeypatch):
         return "main_kernel", occupancy.resident_blocks("sm_80", 128, 64, 80 * 1024)
 
     monkeypatch.setattr(resources, "resident_blocks", resident)
-    built = schedule._stream_k_occupancy(None, A100, 64)
-    assert built.blocks == 2 and seen == [64 + schedule.REGISTER_HEADROOM, 64]
+    dp = occupancy.resident_blocks("sm_80", 128, 64, 80 * 1024)
+    built, declared = schedule._stream_k_occupancy(lambda d: None, None, A100, dp, 64)
+    assert built.blocks == 2 and not declared
+    assert seen == [64 + schedule.REGISTER_HEADROOM, 64]
+
+
+def _declaring(monkeypatch, written: int, spills: int = 0):
+    """The primitive's decision where registers decide: the data-parallel kernel at 64
+    registers (256 threads, 4 blocks/SM), the Stream-K kernel as written at ``written``, and
+    declaring 4 blocks at 64 with ``spills`` bytes of spills; and the kernels nvcc built."""
+    from tvm_streamk import schedule
+
+    built = []
+
+    def uses(mod, target, pipeline="default"):
+        decisions = [
+            annotations.decode(b.annotations, b.name_hint)
+            for f in mod.functions.values()
+            for b in blocks_under(f.body)
+            if annotations.has_decision(b.annotations)
+        ]
+        if not decisions:
+            built.append("data-parallel")
+            return {"main_kernel": resources.KernelUse(256, 64, 0, 0)}
+        if decisions[0].declares_occupancy:
+            built.append("declared")
+            return {"main_kernel": resources.KernelUse(256, 64, 0, spills)}
+        built.append("as written")
+        return {"main_kernel": resources.KernelUse(256, written, 0, 0)}
+
+    def resident(mod, target, pipeline="default", registers=None):
+        return "main_kernel", occupancy.resident_blocks("sm_80", 256, registers, 0)
+
+    monkeypatch.setattr(ptxas, "available", lambda: True)
+    monkeypatch.setattr(resources, "kernel_uses", uses)
+    monkeypatch.setattr(resources, "resident_blocks", resident)
+    sch = workloads.reference_schedule(workloads.gemm(4256, 256, 4096), bm=64, bn=64, bk=16)
+    plan = schedule.stream_k(sch, "C_update", target=A100, fixup="workspace")
+    site = first_site(sch.mod["main"])
+    decision = annotations.decode(site.block.annotations, site.block.name_hint)
+    return plan, decision, built
+
+
+def test_a_kernel_within_the_budget_is_not_declared(monkeypatch):
+    plan, decision, built = _declaring(monkeypatch, written=80)
+    # 80 registers x 256 threads: 3 blocks, within data-parallel's 64 + 16.
+    assert built == ["data-parallel", "as written"]
+    assert not decision.declares_occupancy and plan.blocks_per_sm == 3
+    assert "3 resident block(s)/SM of the built kernel" in plan.reason
+
+
+def test_a_kernel_over_the_budget_declares_the_data_parallel_count(monkeypatch):
+    plan, decision, built = _declaring(monkeypatch, written=96)
+    assert built == ["data-parallel", "as written", "declared"]
+    assert decision.declares_occupancy and plan.blocks_per_sm == 4 and plan.grid == 4 * 108
+    assert "4 resident block(s)/SM declared by the built kernel" in plan.reason
+
+
+def test_a_kernel_that_spills_to_meet_it_is_built_as_written(monkeypatch):
+    plan, decision, built = _declaring(monkeypatch, written=96, spills=8)
+    assert built == ["data-parallel", "as written", "declared"]
+    assert not decision.declares_occupancy and plan.blocks_per_sm == 2
+
+
+@needs_nvcc
+def test_an_explicit_count_is_not_declared():
+    sch = workloads.reference_schedule(workloads.gemm(4256, 256, 4096), bm=64, bn=64, bk=16)
+    sch.stream_k("C_update", target=A100, fixup="workspace", blocks_per_sm=2)
+    lib = tvm.compile(sch.mod, target=A100, tir_pipeline="tvm_streamk")
+    assert "__launch_bounds__(256, " not in lib.mod.imports[0].inspect_source()
 
 
 @pytest.mark.ptxas

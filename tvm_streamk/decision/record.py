@@ -39,7 +39,10 @@ KEY_BUCKETS = PREFIX + "buckets"
 # Recorded only by a batch-invariant decision: the K-panels of one chunk
 # (:mod:`tvm_streamk.decomposition.chunks`).
 KEY_CHUNK = PREFIX + "chunk"
-OPTIONAL_KEYS = (KEY_BUCKETS, KEY_CHUNK)
+# Recorded only by a decision whose kernel declares its grid's resident blocks per SM to ptxas
+# (``__launch_bounds__``, :mod:`tvm_streamk.transform.declare_occupancy`).
+KEY_DECLARES = PREFIX + "declares_occupancy"
+OPTIONAL_KEYS = (KEY_BUCKETS, KEY_CHUNK, KEY_DECLARES)
 
 # num_sms recorded as 0: read the multiprocessor count of the device at run time.
 DEVICE_SMS = 0
@@ -72,6 +75,10 @@ class Decision:
     chunk : int
         Batch invariance: the K-panels of one chunk, the unit the plan's iterations count
         (:mod:`tvm_streamk.decomposition.chunks`); 0 when the kernel is not batch-invariant.
+    declares_occupancy : bool
+        Whether the CUDA kernel declares ``blocks_per_sm`` in its ``__launch_bounds__``, so
+        that ptxas holds its registers to the grid's count (chosen where the kernel so built
+        neither spills nor loses a block: :func:`tvm_streamk.schedule.stream_k`).
     """
 
     policy: str
@@ -83,6 +90,7 @@ class Decision:
     group: int
     buckets: tuple | None = None
     chunk: int = 0
+    declares_occupancy: bool = False
 
     @property
     def batch_invariant(self) -> bool:
@@ -104,6 +112,8 @@ class Decision:
             out[KEY_BUCKETS] = ",".join(f"{lo}-{hi}" for lo, hi in self.buckets)
         if self.chunk:
             out[KEY_CHUNK] = imm(self.chunk)
+        if self.declares_occupancy:
+            out[KEY_DECLARES] = imm(1)
         return out
 
 
@@ -180,6 +190,7 @@ def decode(annotations, where: str) -> Decision:
         group=as_int(KEY_GROUP),
         buckets=_buckets(annotations.get(KEY_BUCKETS), where),
         chunk=as_int(KEY_CHUNK) if KEY_CHUNK in annotations else 0,
+        declares_occupancy=KEY_DECLARES in annotations and as_int(KEY_DECLARES) != 0,
     )
 
 

@@ -43,6 +43,7 @@ from ..decomposition import chunks
 from ..errors import StreamKError
 from ..memory_model import for_target
 from . import (  # noqa: F401 - registers
+    declare_occupancy,
     device_sms,
     fixup_atomic,
     fixup_separate,
@@ -194,7 +195,10 @@ def rewrite(
             *extra_buffers,
         ],
     )
-    return func.with_body(SBlockRealize(root_realize.iter_values, root_realize.predicate, new_root))
+    func = func.with_body(SBlockRealize(root_realize.iter_values, root_realize.predicate, new_root))
+    if decision.declares_occupancy:
+        func = declare_occupancy.record(func, decision.blocks_per_sm)
+    return func
 
 
 def _used(buffers, site: StreamKSite) -> list:
