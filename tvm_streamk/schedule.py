@@ -69,11 +69,13 @@ def stream_k(
     blocks_per_sm : int, optional
         Resident blocks per SM; the persistent grid is ``blocks_per_sm * num_sms``. By default
         the kernel's own occupancy on a CUDA target whose arch :mod:`tvm_streamk.occupancy`
-        knows: the data-parallel kernel is built and ptxas counts its registers; the
-        Stream-K kernel declares as many resident blocks in its ``__launch_bounds__`` (ptxas
-        holds its registers to them) unless its threads or shared memory hold fewer, and the
-        grid is sized for that count (as CUTLASS sizes its persistent grid by the kernel it
-        launches). Without nvcc, for OpenCL, or with no target: 1.
+        knows: the data-parallel kernel and, where its registers decide, the Stream-K kernel
+        are built, ptxas counts their registers, and the grid is sized for the blocks of the
+        built kernel one SM holds (as CUTLASS sizes its persistent grid). A Stream-K kernel
+        over the data-parallel registers + 16 or spilling is built declaring the
+        data-parallel count in its ``__launch_bounds__``, and kept so where ptxas meets it
+        cleanly (:mod:`tvm_streamk.transform.declare_occupancy`). Without nvcc, for OpenCL,
+        or with no target: 1.
     fixup : str
         How partial tiles are merged. ``"atomic"``: atomic adds into an output zeroed by a
         prologue kernel (the accumulator dtype needs a device atomic add and the write-back must
@@ -244,7 +246,8 @@ def _decide_for_occupancy(sch: Schedule, block_rv, fuse, site, request, target):
         decision, chosen = decide(site, request, target, 1)
         note = f"1 block/SM (the kernel did not build for its occupancy: {first})"
         return decision, chosen.with_reason(f"{chosen.reason}; {note}")
-    bps = built.blocks if built.blocks >= 1 else dp.blocks
+    # A declared kernel may hold more blocks than it declares; the grid counts what it declares.
+    bps = dp.blocks if declared or built.blocks < 1 else built.blocks
     if bps != dp.blocks:
         decision, chosen = decide(site, request, target, bps, **occupancy_of_dp)
     if declared:
