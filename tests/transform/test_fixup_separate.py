@@ -145,11 +145,15 @@ def test_batch_invariant_bits_equal_the_workspace_fixups():
         (7, "separate", {"policy": "stream_k", "num_sms": 5}),
         (129, "separate", {"policy": "split_k", "splits": 3, "num_sms": 2}),
         (64, "separate", {"policy": "data_parallel", "num_sms": 3}),
+        # 8 tiles on 7 blocks: the hybrid's Stream-K region holds no tile, and its
+        # data-parallel tiles must still reach the second kernel, which merges every tile.
+        (33, "separate", {"policy": "hybrid", "variant": "two_tile", "num_sms": 7}),
     ]:
         sch = workloads.reference_schedule(workloads.gemm(m, 40, 392))
-        tvm_streamk.stream_k(
+        plan = tvm_streamk.stream_k(
             sch, "C_update", fixup=fixup, target=OPENCL, batch_invariant=True, **knobs
         )
+        assert plan.policy != "hybrid" or plan.sk_tiles < plan.tiles
         args = [a_all[:m].copy(), b, np.full((m, 40), np.nan, np.float32)]
         out = pocl.run(sch.mod, *args, pipeline="tvm_streamk")[-1]
         assert workloads.relative_error(out, args[0].astype(np.float64) @ b) <= FP32_TOL

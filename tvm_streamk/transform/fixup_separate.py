@@ -134,7 +134,8 @@ class SeparateFixup(WorkspaceFixup):
         if not self.active:
             return None
         dtype = index_dtype(self.site, self.plan, runtime_grid=self.grid is not None)
-        tiles = self.plan.counter_tiles
+        # Every tile under batch invariance (a hybrid's data-parallel tiles merge chunks too).
+        tiles = self.counter_tiles
         b = var("sk_merge_block", dtype)
         tile = var("sk_merge_tile", dtype)
         seg = Segment(
