@@ -21,7 +21,7 @@ import tvm
 from tvm import tirx
 
 from .. import fixup_registry
-from .._compat import SBlock, replace_block, structural_map
+from .._compat import SBlock, replace_block, structural_map, structural_walk
 from ..decomposition import policy as policies
 from ..errors import StreamKError
 
@@ -119,6 +119,22 @@ class Decision:
 
 def has_decision(annotations) -> bool:
     return KEY_POLICY in annotations
+
+
+def decided_blocks(mod: tvm.IRModule) -> list[tuple[str, tirx.PrimFunc, SBlock]]:
+    """``(function name, function, block)`` for every block of ``mod`` that carries a decision,
+    in program order."""
+    found = []
+    for gv, func in mod.functions.items():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+
+        def visit(block: SBlock, name=gv.name_hint, func=func) -> None:
+            if has_decision(block.annotations):
+                found.append((name, func, block))
+
+        structural_walk(func.body, (SBlock, visit), order="pre")
+    return found
 
 
 def stripped(annotations) -> dict:

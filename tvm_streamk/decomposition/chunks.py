@@ -17,6 +17,14 @@ bits at every M, on every grid, under every policy (docs/batch_invariance.md).
 The decision plans over *chunk iterations*: the flattened space is ``tiles x n``, and each
 policy's closed forms cut it as they cut ``tiles x P`` (:func:`chunk_count` is the ``panels``
 they see), so every split point falls on a chunk boundary.
+
+A tuned space (MetaSchedule) chooses the panel depth ``bk`` per candidate, so per M. Measured in
+K elements, chunk ``j`` covers ``[j * C * bk, (j + 1) * C * bk)``, and ``C * bk`` equals
+:func:`chunk_elements` ``= ceil(K / 4)`` exactly when ``bk`` divides it
+(``ceil(ceil(K / 4) / bk) = ceil(K / (4 * bk))``). Candidates whose panel depth divides
+``ceil(K / 4)`` therefore share one chunk grid along K, whatever their tiling, and a fixed-
+schedule kernel (dlight's, the reference schedule) whose depth divides it shares that grid too
+(:func:`chunk_for_depth`).
 """
 
 from __future__ import annotations
@@ -60,3 +68,35 @@ def chunk_range(chunk_index, chunk: int, panels: int, ops=None):
     if ops is None:
         return begin, min(end, panels)
     return begin, ops.min(end, panels)
+
+
+def chunk_elements(k: int, chunks: int = CHUNKS) -> int:
+    """The K elements of one chunk of a reduction of ``k`` elements, whatever its panel depth:
+    ``ceil(K / chunks)``; the chunk grid every tiling of K whose depth divides it shares.
+
+    Examples
+    --------
+    >>> chunk_elements(4096), chunk_elements(392), chunk_elements(9)
+    (1024, 98, 3)
+    """
+    if k < 1 or chunks < 1:
+        raise ValueError(f"k={k} and chunks={chunks} must be positive")
+    return -(-k // chunks)
+
+
+def chunk_for_depth(k: int, depth: int) -> int | None:
+    """``C``, the panels per chunk of a tiling of ``k`` K elements into panels ``depth`` deep,
+    when its chunks are :func:`chunk_elements` long (``depth`` divides that length); None
+    when its chunk boundaries fall elsewhere, so that its order differs from other tilings'.
+
+    Examples
+    --------
+    >>> chunk_for_depth(512, 8), chunk_for_depth(512, 256), chunk_for_depth(392, 8)
+    (16, None, None)
+    """
+    if k < 1 or depth < 1 or k % depth:
+        raise ValueError(f"depth={depth} must be a positive divisor of k={k}")
+    width = chunk_elements(k)
+    if width % depth:
+        return None
+    return width // depth

@@ -83,12 +83,14 @@ def schedule_rules(
 
 
 def postprocs(kind: str = "cuda") -> list:
-    """TVM's GPU postprocs, then :class:`~tvm_streamk.postproc.RewriteStreamKInit` and
-    :class:`~tvm_streamk.postproc.VerifyStreamK`, which must see the final kernel."""
+    """TVM's GPU postprocs, then :class:`~tvm_streamk.postproc.RewriteStreamKInit`,
+    :class:`~tvm_streamk.postproc.RechunkStreamK` (a batch-invariant candidate's chunk grid)
+    and :class:`~tvm_streamk.postproc.VerifyStreamK`, which must see the final kernel."""
     _check_kind(kind)
     return [
         *ms.Postproc.create(kind),
         sk_postproc.RewriteStreamKInit(),
+        sk_postproc.RechunkStreamK(),
         sk_postproc.VerifyStreamK(),
     ]
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from tvm import tirx
 from tvm.ir.utils import derived_object
 
 from .._compat import Schedule, meta_schedule
-from ..analysis import blocks_under, is_reduction
+from ..analysis import is_reduction
 from ..decision import record
 
 
@@ -40,15 +39,12 @@ class RewriteStreamKInit(meta_schedule.postproc.PyPostproc):
         pass
 
     def apply(self, sch: Schedule) -> bool:
-        for gv, func in sch.mod.functions.items():
-            if not isinstance(func, tirx.PrimFunc):
-                continue
-            for block in blocks_under(func.body):
-                if record.has_decision(block.annotations) and not is_reduction(block):
-                    block_rv = sch.get_sblock(block.name_hint, func_name=gv.name_hint)
-                    for key in record.KEYS + record.OPTIONAL_KEYS:
-                        if key in block.annotations:
-                            sch.unannotate(block_rv, key)
+        for name, _, block in record.decided_blocks(sch.mod):
+            if not is_reduction(block):
+                block_rv = sch.get_sblock(block.name_hint, func_name=name)
+                for key in record.KEYS + record.OPTIONAL_KEYS:
+                    if key in block.annotations:
+                        sch.unannotate(block_rv, key)
         return True
 
     def clone(self) -> RewriteStreamKInit:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from tvm import tirx
 from tvm.ir.utils import derived_object
 
 from .._compat import Schedule, meta_schedule
-from ..analysis import analyze, blocks_under
+from ..analysis import analyze
 from ..decision import check, record
 from ..errors import StreamKError
 from ..lowered_view import lowered_view
@@ -34,7 +33,8 @@ class VerifyStreamK(meta_schedule.postproc.PyPostproc):
 
     Examples
     --------
-    >>> postprocs = [*ms.Postproc.create("cuda"), RewriteStreamKInit(), VerifyStreamK()]
+    >>> postprocs = [*ms.Postproc.create("cuda"), RewriteStreamKInit(), RechunkStreamK(),
+    ...              VerifyStreamK()]
     """
 
     def __init__(self) -> None:
@@ -47,22 +47,16 @@ class VerifyStreamK(meta_schedule.postproc.PyPostproc):
         self.verify_gpu_code._initialize_with_tune_context(context)
 
     def apply(self, sch: Schedule) -> bool:
-        annotated = False
-        for func in sch.mod.functions.values():
-            if not isinstance(func, tirx.PrimFunc):
-                continue
-            for block in blocks_under(func.body):
-                if not record.has_decision(block.annotations):
-                    continue
-                annotated = True
-                try:
-                    site = analyze(func, block.name_hint)
-                    if site.has_init:
-                        return False
-                    check(site, record.decode(block.annotations, block.name_hint), self.target)
-                except StreamKError:
+        decided = record.decided_blocks(sch.mod)
+        for _, func, block in decided:
+            try:
+                site = analyze(func, block.name_hint)
+                if site.has_init:
                     return False
-        if not annotated:
+                check(site, record.decode(block.annotations, block.name_hint), self.target)
+            except StreamKError:
+                return False
+        if not decided:
             return True
         try:
             view = Schedule(lowered_view(sch.mod, self.target))
