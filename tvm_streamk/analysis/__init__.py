@@ -9,6 +9,7 @@
 - :mod:`.flops`: the work of an unscheduled kernel;
 - :mod:`.tile_shape`: what one tile of a scheduled kernel writes;
 - :mod:`.gemm_axes`: a reduction's axes as a GEMM's, and which reductions are depthwise.
+- :mod:`.reduction_order`: whether a thread walks K ascending, and in panels how deep.
 """
 
 from .blocks import (
