@@ -179,11 +179,17 @@ def resident_blocks(
     With ``registers`` the kernels are held to that many registers per thread
     (:func:`ir_uses`, no nvcc); else ptxas counts them (:func:`kernel_uses`).
     """
-    arch = _arch(target)
     if registers is None:
         uses = kernel_uses(mod, target, pipeline)
     else:
         uses = ir_uses(mod, target, registers, pipeline)
+    return fewest_blocks(uses, _arch(target))
+
+
+def fewest_blocks(uses: dict, arch: str) -> tuple[str, occupancy.Occupancy]:
+    """The kernel of ``uses`` (name to :class:`KernelUse`) with the fewest resident blocks per
+    SM on ``arch``, the first by name among equals, and its occupancy: the kernel a persistent
+    grid is sized by."""
     occupancies = {name: use.occupancy(arch) for name, use in uses.items()}
     name = min(occupancies, key=lambda n: (occupancies[n].blocks, n))
     return name, occupancies[name]

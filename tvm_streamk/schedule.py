@@ -221,8 +221,8 @@ def _decide_for_occupancy(sch: Schedule, block_rv, fuse, site, request, target):
     try:
         arch = target_arch(target)
         uses = resources.kernel_uses(record.without_decisions(sch.mod), target, "tvm_streamk")
-        name = min(uses, key=lambda n: (uses[n].occupancy(arch).blocks, n))
-        dp, dp_registers = uses[name].occupancy(arch), uses[name].registers
+        name, dp = resources.fewest_blocks(uses, arch)
+        dp_registers = uses[name].registers
         if dp.blocks < 1:
             raise StreamKError(
                 "occupancy",
@@ -287,7 +287,7 @@ def _stream_k_occupancy(lowered, decision: Decision, target, dp, dp_registers: i
 
     def built(mod):
         uses = resources.kernel_uses(mod, target, "tvm_streamk")
-        fewest = min((use.occupancy(arch) for use in uses.values()), key=lambda o: o.blocks)
+        _, fewest = resources.fewest_blocks(uses, arch)
         clean = all(use.spills == 0 and use.stack == 0 for use in uses.values())
         lean = max(use.registers for use in uses.values()) <= dp_registers + REGISTER_HEADROOM
         return fewest, clean, lean
