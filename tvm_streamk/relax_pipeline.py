@@ -25,6 +25,7 @@ from tvm import relax
 from ._compat import dlight
 from ._compat import target as as_target
 from .dlight import StreamKDepthwise, StreamKGEMV, StreamKImplicitGEMM, StreamKMatmul
+from .vector_rows import VectorRows
 
 # The targets the pipeline builds for, each with the TVM module of its default Relax pipeline's
 # passes (library dispatch, dataflow lowering, finalization), as ``tvm.relax.pipeline`` picks.
@@ -71,7 +72,9 @@ def relax_pipeline(
         As for :func:`tvm_streamk.stream_k`.
     batch_invariant : bool
         Every Stream-K decision of every rule batch-invariant (docs/batch_invariance.md says
-        which kernels of one weight then give the same bits for a row, and which do not).
+        which kernels of one weight then give the same bits for a row, and which do not); a
+        vector times a matrix is given a row first
+        (:func:`~tvm_streamk.vector_rows.VectorRows`).
 
     Returns
     -------
@@ -99,7 +102,7 @@ def relax_pipeline(
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         with target:
             passes = (
-                fusion_passes(target)
+                fusion_passes(target, batch_invariant)
                 + [dlight.ApplyDefaultSchedule(*schedule_rules(rule))]
                 + _backend(target).dataflow_lower_passes(target)
                 + _backend(target).finalize_passes(target)
@@ -110,10 +113,13 @@ def relax_pipeline(
     return _pipeline
 
 
-def fusion_passes(target) -> list:
+def fusion_passes(target, batch_invariant: bool = False) -> list:
     """The passes before scheduling: library dispatch, legalization and fusion; after them the
-    module holds the fused TensorIR functions dlight schedules (run them under ``target``)."""
-    return _backend(target).library_dispatch_passes(as_target(target)) + [
+    module holds the fused TensorIR functions dlight schedules (run them under ``target``).
+    With ``batch_invariant`` a vector times a matrix is first given a row
+    (:func:`tvm_streamk.vector_rows.VectorRows`), so that it runs the matmul kernel."""
+    rows = [VectorRows] if batch_invariant else []
+    return [*rows, *_backend(target).library_dispatch_passes(as_target(target))] + [
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),

@@ -22,6 +22,7 @@ LAYERS = {
         "postproc",
         "dlight",
         "relax_pipeline",
+        "vector_rows",
         "model_report",
         "moe",
         "workloads",
