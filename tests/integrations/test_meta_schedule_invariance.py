@@ -136,3 +136,33 @@ def test_every_m_tuned_to_its_own_tiling_gives_a_row_the_same_bits():
             assert (row0(cand.mod, m) == expected).all(), (m, depth)
     # Tilings of several panel depths and several decompositions were compared.
     assert len(depths) >= 3 and len(policies) >= 2, (depths, policies)
+
+
+def test_tensor_core_candidates_share_the_chunk_grid_in_mma_steps():
+    """A tensor-core candidate's update is blockized: its reduction counts the intrinsic's K
+    steps (16 for every fp16 WMMA tiling), so its chunk grid is counted in them too, the same
+    for every warp tiling; each candidate of a round carries it."""
+    import tvm.s_tir.tensor_intrin  # noqa: F401 - registers the intrinsics the rules name
+
+    k = 2048
+    context = ms.TuneContext(
+        mod=workloads.gemm(512, 512, k, in_dtype="float16", out_dtype="float32"),
+        target=tvm.target.Target("nvidia/nvidia-h100"),
+        space_generator=skms.space(
+            kind="cuda-tensorcore", knobs=skms.StreamKKnobs(batch_invariant=True)
+        ),
+        search_strategy=ms.search_strategy.ReplayTrace(),
+        task_name="main",
+        rand_state=3,
+        num_threads=1,
+    )
+    context.pre_tuning(max_trials=8, num_trials_per_iter=8, cost_model=ms.cost_model.RandomModel())
+    candidates = [c.sch for c in context.generate_measure_candidates()]
+    assert candidates
+    for cand in candidates:
+        ((_, func, block),) = record.decided_blocks(cand.mod)
+        site = analyze(func, block.name_hint)
+        assert site.fragment_accumulator
+        depth = ascending_panel_depth(site)
+        assert depth * site.kernel_panels == k // 16
+        assert _chunk(cand) * depth == chunks.chunk_elements(k // 16)
