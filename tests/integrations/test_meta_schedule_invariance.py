@@ -91,6 +91,24 @@ def test_rechunk_sets_the_chunk_of_k_and_rejects_other_grids():
     assert RechunkStreamK().apply(sch) and len(sch.trace.insts) == before
 
 
+def test_a_tiling_left_without_an_invariant_decision_is_rejected():
+    # Only the atomic fix-up to sample, which adds in arrival order: no invariant twin.
+    knobs = skms.StreamKKnobs(batch_invariant=True, fixups=("atomic",))
+    sch = workloads.reference_schedule(workloads.gemm(64, 64, K))
+    (out,) = skms.StreamKRule(num_sms=3, knobs=knobs).apply(sch, sch.get_sblock("C_update"))
+    block = out.get(out.get_sblock("C_update"))
+    assert not record.has_decision(block.annotations)
+    assert record.KEY_NOT_INVARIANT in block.annotations
+    assert not RechunkStreamK().apply(out)
+    # Without the mode nothing is marked: the plain tiling stays a candidate beside its twin.
+    knobs = skms.StreamKKnobs(fixups=("atomic",), policies=("stream_k",))
+    sch = workloads.reference_schedule(workloads.gemm(64, 64, K))
+    for out in skms.StreamKRule(num_sms=3, knobs=knobs).apply(sch, sch.get_sblock("C_update")):
+        block = out.get(out.get_sblock("C_update"))
+        assert record.KEY_NOT_INVARIANT not in block.annotations
+        assert RechunkStreamK().apply(out)
+
+
 def _round(m: int, seed: int) -> list:
     """One round of batch-invariant candidates for gemm(m, N, K) on 3 compute units, replayed
     with fresh tile sizes and postprocessed, as MetaSchedule sends them to the builder."""

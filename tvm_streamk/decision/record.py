@@ -43,6 +43,11 @@ KEY_CHUNK = PREFIX + "chunk"
 # (``__launch_bounds__``, :mod:`tvm_streamk.transform.declare_occupancy`).
 KEY_DECLARES = PREFIX + "declares_occupancy"
 OPTIONAL_KEYS = (KEY_BUCKETS, KEY_CHUNK, KEY_DECLARES)
+# Not a decision: the mark :class:`tvm_streamk.meta_schedule.StreamKRule` leaves in a
+# batch-invariant space on a multiply-accumulate block it could give no batch-invariant
+# decision. The block as tiled reduces K in an order of its own, and the postproc
+# :class:`tvm_streamk.postproc.RechunkStreamK` rejects the candidate.
+KEY_NOT_INVARIANT = PREFIX + "not_invariant"
 
 # num_sms recorded as 0: read the multiprocessor count of the device at run time.
 DEVICE_SMS = 0

@@ -9,7 +9,15 @@ from tvm.ir.utils import derived_object
 
 from .. import gpus
 from .._compat import Schedule, meta_schedule
-from ..analysis import StreamKSite, blockized_parent, find_block_path, function_of, sblock_rv
+from ..analysis import (
+    StreamKSite,
+    blockized_parent,
+    find_block_path,
+    function_of,
+    is_reduction,
+    sblock_rv,
+)
+from ..analysis.flops import multiply_accumulates
 from ..decision import record, rules
 from ..decomposition import chunks
 from ..decomposition.policy import by_key
@@ -144,7 +152,7 @@ class StreamKRule(meta_schedule.schedule_rule.PyScheduleRule):
             )
         found = _tiled_reduction(sch, block)
         if found is None:
-            return [sch]
+            return [self._without_twin(sch, block)]
         block_name, site = found
         if record.has_decision(site.block.annotations):
             return [sch]
@@ -171,11 +179,11 @@ class StreamKRule(meta_schedule.schedule_rule.PyScheduleRule):
                 try:
                     count = rules.fragment_chunks(site, chunk)
                 except StreamKError:
-                    return [sch]
+                    return [self._without_twin(sch, block_name or block)]
                 splits = [count] if count > 1 else []
             policies = [p for p in policies if takes_splits[p]] if splits else []
         if not fixups or not policies:
-            return [sch]
+            return [self._without_twin(sch, block_name or block)]
 
         # A band fused into one blockIdx loop (MultiLevelTiling's) has no tile rows to group.
         groups = list(self.knobs.groups) if len(site.band) > 1 else [0]
@@ -201,6 +209,19 @@ class StreamKRule(meta_schedule.schedule_rule.PyScheduleRule):
         )
         # A batch-invariant space holds only invariant kernels: the twin replaces the tiling.
         return [twin] if chunk else [sch, twin]
+
+    def _without_twin(self, sch: Schedule, block) -> Schedule:
+        """``sch`` unchanged; in a batch-invariant space its multiply-accumulate ``block``
+        (an ``SBlockRV`` or a name) marked as left without an invariant decision, which
+        :class:`~tvm_streamk.postproc.RechunkStreamK` rejects: the space must not hold a
+        kernel that reduces K in an order of its own."""
+        if not self.knobs.batch_invariant:
+            return sch
+        block_rv = sblock_rv(sch, block)
+        found = sch.get(block_rv)
+        if is_reduction(found) and multiply_accumulates(found):
+            sch.annotate(block_rv, record.KEY_NOT_INVARIANT, tvm.tirx.IntImm("int32", 1))
+        return sch
 
     def clone(self) -> StreamKRule:
         rule = StreamKRule(num_sms=self.num_sms, knobs=self.knobs)

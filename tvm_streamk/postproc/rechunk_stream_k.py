@@ -6,7 +6,7 @@ from tvm import tirx
 from tvm.ir.utils import derived_object
 
 from .._compat import Schedule, meta_schedule
-from ..analysis import analyze
+from ..analysis import analyze, blocks_under, is_reduction
 from ..analysis.reduction_order import ascending_panel_depth
 from ..decision import record
 from ..decomposition import chunks
@@ -33,8 +33,12 @@ class RechunkStreamK(meta_schedule.postproc.PyPostproc):
       recorded one differs (the ``annotate`` enters the trace, so a replayed record builds the
       same IR).
 
-    Runs before :class:`VerifyStreamK`, which checks the decision this leaves. Candidates
-    without a batch-invariant decision are accepted untouched.
+    - a candidate whose multiply-accumulate block the rule left without a decision in a
+      batch-invariant space (``tvm_streamk.not_invariant``, when no invariant decision fitted
+      its tiling) is rejected: the kernel as tiled sums K in one pass, its own order.
+
+    Runs before :class:`VerifyStreamK`, which checks the decision this leaves. Other
+    candidates without a batch-invariant decision are accepted untouched.
 
     Examples
     --------
@@ -49,6 +53,12 @@ class RechunkStreamK(meta_schedule.postproc.PyPostproc):
         pass
 
     def apply(self, sch: Schedule) -> bool:
+        for func in sch.mod.functions.values():
+            if isinstance(func, tirx.PrimFunc) and any(
+                record.KEY_NOT_INVARIANT in b.annotations and is_reduction(b)
+                for b in blocks_under(func.body)
+            ):
+                return False
         for name, func, block in record.decided_blocks(sch.mod):
             if record.KEY_CHUNK not in block.annotations:
                 continue
