@@ -184,3 +184,46 @@ def test_tensor_core_candidates_share_the_chunk_grid_in_mma_steps():
         depth = ascending_panel_depth(site)
         assert depth * site.kernel_panels == k // 16
         assert _chunk(cand) * depth == chunks.chunk_elements(k // 16)
+
+
+@pytest.mark.usefixtures("default_opencl")
+def test_tuned_records_replay_the_chunk_grid(tmp_path):
+    """The chunk RechunkStreamK sets enters each record's trace: every record of a tuning run
+    replays to the grid of its own tiling, and the best one gives a row the bits of the
+    reference schedule's kernel."""
+    func = workloads.gemm(7, N, K)
+    target = skms.opencl_target()
+    database = skms.tune(
+        func,
+        target,
+        str(tmp_path),
+        max_trials=8,
+        num_trials_per_iter=8,
+        strategy=ms.search_strategy.EvolutionarySearch(
+            population_size=32, init_min_unmeasured=8, genetic_num_iters=1
+        ),
+        runner=skms.PoclRunner(repeat=1, number=1),
+        seed=0,
+        knobs=skms.StreamKKnobs(batch_invariant=True),
+    )
+    records = ms.database.JSONDatabase(work_dir=str(tmp_path)).get_all_tuning_records()
+    assert len(records) >= 8
+    for tuned in records:
+        sch = tvm.s_tir.Schedule(func)
+        tuned.trace.apply_to_schedule(sch, remove_postproc=False)
+        ((_, replayed, block),) = record.decided_blocks(sch.mod)
+        depth = ascending_panel_depth(analyze(replayed, block.name_hint))
+        assert _chunk(sch) * depth == chunks.chunk_elements(K)
+
+    rng = np.random.default_rng(7)
+    a = rng.uniform(-1, 1, (7, K)).astype(np.float32)
+    b = rng.uniform(-1, 1, (K, N)).astype(np.float32)
+    rows = []
+    reference = workloads.reference_schedule(workloads.gemm(7, N, K))
+    tvm_streamk.stream_k(reference, "C_update", num_sms=5, target=OPENCL, batch_invariant=True)
+    for sch in (skms.best_schedule(database, func, target), reference):
+        args = [a, b, np.full((7, N), np.nan, np.float32)]
+        out = pocl.run(sch.mod, *args, pipeline=tvm_streamk.pipeline.NAME)[-1]
+        assert workloads.relative_error(out, a.astype(np.float64) @ b) <= FP32_TOL
+        rows.append(out[0].view(np.int32))
+    assert (rows[0] == rows[1]).all()
