@@ -5,9 +5,11 @@ then ``LowerRaggedViews`` (a grouped GEMM's view accesses); everything after the
 storage planning, host/device split) is TVM's own, except
 ``BoundRunTimeAllocations`` (per-block buffers of a dynamic-shape kernel at their compile-time
 bound), ``HostBranches`` (the host's choice between two kernels of one call, a branch only once
-``ThreadSync`` has run), ``ResolveDeviceSMs``, which needs the device ``MakePackedAPI``
-defines, and ``DeclareOccupancy`` at the end (the resident blocks a decision declares, on the
-CUDA kernels its function launches once host and device code are split).
+``ThreadSync`` has run), ``CancelStagingOffsets`` (a run-time walk's staging indices without
+the tile offset buffer compaction wrote through a register copy), ``ResolveDeviceSMs``,
+which needs the device ``MakePackedAPI`` defines, and ``DeclareOccupancy`` at the end (the
+resident blocks a decision declares, on the CUDA kernels its function launches once host and
+device code are split).
 
 Importing the package also wraps every other registered TIR pipeline (TVM's ``default``,
 ``s_tir``, ...) with :func:`refuse_unlowered`: a module that still carries a Stream-K decision
@@ -30,6 +32,7 @@ from .analysis.ragged import RAGGED_ATTR
 from .errors import StreamKError
 from .transform import LowerStreamK
 from .transform.bound_allocations import BoundRunTimeAllocations
+from .transform.cancel_staging_offsets import CancelStagingOffsets
 from .transform.declare_occupancy import DeclareOccupancy
 from .transform.device_sms import ResolveDeviceSMs
 from .transform.host_branches import HostBranches
@@ -99,7 +102,7 @@ def stream_k_pipeline():
     @tvm.transform.module_pass(opt_level=0, name="tvm_streamk.pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         lowered = with_safe_reuse(LowerRaggedViews()(LowerStreamK()(mod)), base)
-        lowered = HostBranches(BoundRunTimeAllocations(lowered))
+        lowered = CancelStagingOffsets(HostBranches(BoundRunTimeAllocations(lowered)))
         return DeclareOccupancy()(ResolveDeviceSMs()(lowered))
 
     return _pipeline, finalize_host, finalize_device

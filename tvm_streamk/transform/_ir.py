@@ -518,3 +518,17 @@ def host_branch(condition, body: tirx.Stmt) -> tirx.Stmt:
     (:class:`~.host_branches.HostBranches`): TVM's ``ThreadSync`` refuses every barrier under a
     branch, even one around whole kernels."""
     return tirx.AttrStmt(tvm.ir.StringImm("host"), HOST_BRANCH, condition, body)
+
+
+def map_prim_funcs(mod: tvm.IRModule, rewrite) -> tvm.IRModule:
+    """``mod`` with ``rewrite(name, func)`` in place of each PrimFunc it changes (the module
+    passes that rewrite function by function after TVM's pipeline)."""
+    updates = {
+        gv: rewrite(gv.name_hint, func)
+        for gv, func in mod.functions.items()
+        if isinstance(func, tirx.PrimFunc)
+    }
+    for gv, func in updates.items():
+        if not func.same_as(mod[gv]):
+            mod[gv] = func
+    return mod

@@ -24,6 +24,7 @@ from .._compat import (
     structural_walk,
 )
 from ..errors import StreamKError
+from ._ir import map_prim_funcs
 
 # Storage a kernel sizes at compile time.
 _STATIC_SCOPES = ("local", "shared", "warp")
@@ -87,15 +88,7 @@ def bound_allocations(func: tirx.PrimFunc, known=()) -> tirx.PrimFunc:
 def BoundRunTimeAllocations(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass
     """The module pass of :func:`bound_allocations` (module docstring)."""
     known = _host_bindings(mod)
-    updates = {
-        gv: bound_allocations(func, known.get(gv.name_hint, ()))
-        for gv, func in mod.functions.items()
-        if isinstance(func, tirx.PrimFunc)
-    }
-    for gv, func in updates.items():
-        if not func.same_as(mod[gv]):
-            mod[gv] = func
-    return mod
+    return map_prim_funcs(mod, lambda name, func: bound_allocations(func, known.get(name, ())))
 
 
 def _host_bindings(mod: tvm.IRModule) -> dict[str, list]:
