@@ -109,6 +109,33 @@ def test_a_tiling_left_without_an_invariant_decision_is_rejected():
         assert RechunkStreamK().apply(out)
 
 
+def test_a_tensor_core_tiling_without_an_invariant_decision_is_marked_on_its_update():
+    """The mark goes on the blockized update, which tensorization keeps (its inner block is
+    replaced by the intrinsic)."""
+    import tvm.s_tir.tensor_intrin  # noqa: F401 - registers the intrinsics the rules name
+
+    knobs = skms.StreamKKnobs(batch_invariant=True, fixups=("atomic",))
+    context = ms.TuneContext(
+        mod=workloads.gemm(256, 256, 1024, in_dtype="float16", out_dtype="float32"),
+        target=tvm.target.Target("nvidia/nvidia-h100"),
+        space_generator=skms.space(kind="cuda-tensorcore", knobs=knobs),
+        task_name="main",
+        rand_state=1,
+        num_threads=1,
+    )
+    spaces = context.generate_design_space()
+    assert spaces
+    for sch in spaces:
+        marked = [
+            b
+            for b in tvm_streamk.analysis.blocks_under(sch.mod["main"].body)
+            if record.KEY_NOT_INVARIANT in b.annotations
+        ]
+        assert [b.name_hint for b in marked] == ["C_o"], [b.name_hint for b in marked]
+        assert not record.decided_blocks(sch.mod)
+        assert not RechunkStreamK().apply(sch)
+
+
 def _round(m: int, seed: int) -> list:
     """One round of batch-invariant candidates for gemm(m, N, K) on 3 compute units, replayed
     with fresh tile sizes and postprocessed, as MetaSchedule sends them to the builder."""

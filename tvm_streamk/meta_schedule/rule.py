@@ -219,6 +219,10 @@ class StreamKRule(meta_schedule.schedule_rule.PyScheduleRule):
             return sch
         block_rv = sblock_rv(sch, block)
         found = sch.get(block_rv)
+        # Tensorization replaces the inner block of a blockized update: mark the update.
+        parent = blockized_parent(find_block_path(function_of(sch.mod, found), found.name_hint))
+        if parent is not None:
+            block_rv, found = sch.get_sblock(parent.name_hint), parent
         if is_reduction(found) and multiply_accumulates(found):
             sch.annotate(block_rv, record.KEY_NOT_INVARIANT, tvm.tirx.IntImm("int32", 1))
         return sch
