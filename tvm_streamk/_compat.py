@@ -7,7 +7,9 @@ that the PoCL backend replays (struct field kinds, ffi type indices) live here t
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
 
 import tvm
 import tvm_ffi
@@ -262,3 +264,25 @@ def dlight_cuda_target(target: tvm.target.Target) -> tvm.target.Target:
     config = dict(target.export())
     config["arch"] = base
     return tvm.target.Target(config)
+
+
+@contextlib.contextmanager
+def unnamed_handlers_detached(logger_name: str = "tvm.s_tir.meta_schedule"):
+    """Run the body with the unnamed handlers of ``logger_name`` detached, then put them back.
+
+    TVM 0.27's ``meta_schedule.logging.create_loggers`` (run by every ``tune_tir``) configures
+    its logger with the names of the handlers already on it, and an unnamed one (``None``; a
+    handler added with ``addHandler``, pytest's ``LogCaptureHandler``) fails it with
+    "'NoneType' object has no attribute 'format'". A second tuning run in one pytest process
+    met it. TVM's ``dictConfig`` replaces that logger's handlers anyway.
+    """
+    logger = logging.getLogger(logger_name)
+    unnamed = [h for h in logger.handlers if h.get_name() is None]
+    for handler in unnamed:
+        logger.removeHandler(handler)
+    try:
+        yield
+    finally:
+        for handler in unnamed:
+            if handler not in logger.handlers:
+                logger.addHandler(handler)

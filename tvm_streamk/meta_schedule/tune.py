@@ -6,7 +6,7 @@ import tvm
 
 from .. import gpus
 from .. import postproc as sk_postproc
-from .._compat import Schedule, meta_schedule
+from .._compat import Schedule, meta_schedule, unnamed_handlers_detached
 from .._compat import target as as_target
 from ..pipeline import NAME as PIPELINE
 from .builder import stream_k_builder
@@ -201,20 +201,21 @@ def tune(
         cost_model = ms.cost_model.XGBModel(
             extractor=StreamKFeatureExtractor(), num_tuning_cores=cores
         )
-    return ms.tune_tir(
-        mod,
-        target,
-        work_dir,
-        max_trials,
-        num_trials_per_iter=num_trials_per_iter,
-        builder=builder or stream_k_builder(),
-        runner=runner,
-        cost_model=cost_model,
-        space=space(num_sms, knobs, kind),
-        strategy=strategy,
-        num_tuning_cores=num_tuning_cores,
-        seed=seed,
-    )
+    with unnamed_handlers_detached():
+        return ms.tune_tir(
+            mod,
+            target,
+            work_dir,
+            max_trials,
+            num_trials_per_iter=num_trials_per_iter,
+            builder=builder or stream_k_builder(),
+            runner=runner,
+            cost_model=cost_model,
+            space=space(num_sms, knobs, kind),
+            strategy=strategy,
+            num_tuning_cores=num_tuning_cores,
+            seed=seed,
+        )
 
 
 def best_schedule(database: ms.Database, mod, target) -> Schedule | None:
