@@ -77,6 +77,12 @@ class StreamKKnobs:
                 raise ValueError(f"StreamKKnobs.{name} must hold ints >= {lowest}; found {bad}")
 
 
+def _blockized_parent(sch: Schedule, block):
+    """The blockized reduction ``block`` is the inner block of, or None."""
+    inner = sch.get(sblock_rv(sch, block))
+    return blockized_parent(find_block_path(function_of(sch.mod, inner), inner.name_hint))
+
+
 def _tiled_reduction(sch: Schedule, block) -> tuple[str | None, StreamKSite] | None:
     """The Stream-K site of ``block``, or of the blockized reduction it is the inner block of
     (with that block's name): the tensor-core tiling rules blockize the update and keep the
@@ -85,8 +91,7 @@ def _tiled_reduction(sch: Schedule, block) -> tuple[str | None, StreamKSite] | N
         return None, site_of(sch, block)
     except StreamKError:
         pass
-    inner = sch.get(sblock_rv(sch, block))
-    parent = blockized_parent(find_block_path(function_of(sch.mod, inner), inner.name_hint))
+    parent = _blockized_parent(sch, block)
     if parent is None:
         return None
     try:
@@ -220,7 +225,7 @@ class StreamKRule(meta_schedule.schedule_rule.PyScheduleRule):
         block_rv = sblock_rv(sch, block)
         found = sch.get(block_rv)
         # Tensorization replaces the inner block of a blockized update: mark the update.
-        parent = blockized_parent(find_block_path(function_of(sch.mod, found), found.name_hint))
+        parent = _blockized_parent(sch, block_rv)
         if parent is not None:
             block_rv, found = sch.get_sblock(parent.name_hint), parent
         if is_reduction(found) and multiply_accumulates(found):

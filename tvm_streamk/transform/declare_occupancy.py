@@ -29,7 +29,8 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
-from .._compat import structural_walk
+from .._compat import op_name, structural_walk
+from ._ir import map_prim_funcs
 
 # On the function LowerStreamK rewrote: the resident blocks per SM its persistent grid counts on.
 ATTR = "tvm_streamk.resident_blocks_per_sm"
@@ -50,8 +51,7 @@ def _launched(func: tirx.PrimFunc) -> set[str]:
     names: set[str] = set()
 
     def on_call(call) -> None:
-        op = getattr(call, "op", None)
-        if getattr(op, "name", None) == LAUNCH_OP and isinstance(call.args[0], tvm.ir.StringImm):
+        if op_name(call) == LAUNCH_OP and isinstance(call.args[0], tvm.ir.StringImm):
             names.add(call.args[0].value)
 
     structural_walk(func.body, (tvm.ir.Call, on_call))
@@ -76,18 +76,13 @@ def declare(mod: tvm.IRModule) -> tvm.IRModule:
             declared[name] = min(blocks, declared.get(name, blocks))
     if not declared:
         return mod
-    updates = {}
-    for gvar, func in mod.functions.items():
-        blocks = declared.get(gvar.name_hint)
-        if blocks is None or not isinstance(func, tirx.PrimFunc) or not _is_cuda(func):
-            continue
-        updates[gvar] = func.with_attr(MIN_BLOCKS_ATTR, blocks)
-    if not updates:
-        return mod
-    mod = mod.clone()
-    for gvar, func in updates.items():
-        mod.update_func(gvar, func)
-    return mod
+
+    def declared_on(name: str, func: tirx.PrimFunc) -> tirx.PrimFunc:
+        if name not in declared or not _is_cuda(func):
+            return func
+        return func.with_attr(MIN_BLOCKS_ATTR, declared[name])
+
+    return map_prim_funcs(mod.clone(), declared_on)
 
 
 def DeclareOccupancy() -> tvm.transform.Pass:
