@@ -8,6 +8,7 @@ that the PoCL backend replays (struct field kinds, ffi type indices) live here t
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import logging
 
@@ -216,6 +217,22 @@ DL_OPENCL = 4
 DYN_SHARED_LAUNCH_PARAM = "use_dyn_shared_memory"
 
 
+def _target_config(t: tvm.target.Target) -> dict:
+    exported = dict(t.export())
+    exported.pop("host", None)
+    exported.pop("tag", None)
+    return exported
+
+
+@functools.cache
+def _tag_configs() -> tuple:
+    """``(name, config)`` of every registered tag, built once (a Target per tag costs ~15 ms
+    in all)."""
+    import tvm.target.tag as tags
+
+    return tuple((str(name), _target_config(tvm.target.Target(name))) for name in tags.list_tags())
+
+
 def target_tag(target: tvm.target.Target) -> str | None:
     """The registered tag a target was built from, or None.
 
@@ -224,21 +241,14 @@ def target_tag(target: tvm.target.Target) -> str | None:
     """
     if target.tag:
         return str(target.tag)
-    import tvm.target.tag as tags
+    return _tag_of(str(target))
 
-    def config(t: tvm.target.Target) -> dict:
-        exported = dict(t.export())
-        exported.pop("host", None)
-        exported.pop("tag", None)
-        return exported
 
-    mine = config(target)
-    found = [
-        name
-        for name in tags.list_tags()
-        if tvm_ffi.structural_equal(config(tvm.target.Target(name)), mine)
-    ]
-    return str(found[0]) if len(found) == 1 else None
+@functools.lru_cache(maxsize=64)
+def _tag_of(text: str) -> str | None:
+    mine = _target_config(tvm.target.Target(text))
+    found = [name for name, config in _tag_configs() if tvm_ffi.structural_equal(config, mine)]
+    return found[0] if len(found) == 1 else None
 
 
 def target_arch(target: tvm.target.Target | None) -> str | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import tirx
 
-from . import occupancy, ptxas
+from . import occupancy, ptxas, register_estimate
 from ._compat import (
     codegen_source,
     get_tir_pipeline,
@@ -23,7 +23,7 @@ from ._compat import (
     target_arch,
 )
 
-__all__ = ["KernelUse", "ir_uses", "kernel_uses", "resident_blocks"]
+__all__ = ["KernelUse", "estimated_uses", "ir_uses", "kernel_uses", "resident_blocks"]
 
 
 @dataclass(frozen=True)
@@ -165,6 +165,24 @@ def ir_uses(
         )
         for name, func in kernels.items()
     }
+
+
+def estimated_uses(mod: tvm.IRModule, target: tvm.target.Target) -> dict[str, KernelUse]:
+    """Per function of the scheduled ``mod``, what its kernel asks of an SM, from its IR alone:
+    threads and shared memory after buffer compaction and software pipelining, registers by
+    :func:`tvm_streamk.register_estimate.estimate` (an upper bound; no nvcc, about a
+    millisecond a kernel)."""
+    _arch(target)
+    lowered = register_estimate.lowered_prefix(mod)
+    uses = {}
+    for gv, func in lowered.functions.items():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        use = register_estimate.ir_use(func)
+        uses[gv.name_hint] = KernelUse(
+            threads=use.threads, registers=use.registers, shared=use.shared, spills=0
+        )
+    return uses
 
 
 def resident_blocks(

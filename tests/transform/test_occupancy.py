@@ -1,7 +1,9 @@
 """The persistent grid is sized by the built kernel's resident blocks per SM (issue 12, item 1).
 
 The occupancy maths is checked against the cases measured with ptxas when the issue was filed;
-the primitive's default against what ptxas reports for the kernel it builds.
+``blocks_per_sm="ptxas"`` against what ptxas reports for the kernel it builds; the default (an
+estimate from the IR, no nvcc: issue 31, item 5) in
+``tests/transform/test_register_estimate.py`` and by the last test here.
 """
 
 import re
@@ -66,7 +68,7 @@ def test_dlight_fp32_on_h100_fills_the_sms_it_can(M, N, K):
 @needs_nvcc
 def test_the_primitive_plans_for_the_built_kernel():
     sch = workloads.reference_schedule(workloads.gemm(4256, 256, 4096), bm=64, bn=64, bk=16)
-    plan = sch.stream_k("C_update", target=A100, fixup="workspace")
+    plan = sch.stream_k("C_update", target=A100, fixup="workspace", blocks_per_sm="ptxas")
     _, built = resources.resident_blocks(sch.mod, A100, "tvm_streamk")
     assert plan.blocks_per_sm == built.blocks and plan.grid == 108 * built.blocks
     assert BUILT.search(plan.reason), plan.reason
@@ -84,17 +86,38 @@ def test_without_a_cuda_target_one_block_per_sm_and_why():
     assert plan.blocks_per_sm == 1 and "one block per compute unit on opencl" in plan.reason
 
 
-def test_without_nvcc_one_block_per_sm_and_why(monkeypatch):
+def test_without_nvcc_ptxas_counts_one_block_per_sm_and_why(monkeypatch):
     monkeypatch.setattr(ptxas, "available", lambda: False)
     sch = workloads.reference_schedule(workloads.gemm(256, 256, 256))
-    plan = tvm_streamk.stream_k(sch, "C_update", target=H100)
+    plan = tvm_streamk.stream_k(sch, "C_update", target=H100, blocks_per_sm="ptxas")
     assert plan.blocks_per_sm == 1 and "no nvcc" in plan.reason
+
+
+def test_the_default_estimates_the_occupancy_without_nvcc(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("nvcc ran at schedule time")
+
+    monkeypatch.setattr(ptxas.subprocess, "run", refuse)
+    ptxas.clear_cache()
+    sch = workloads.reference_schedule(workloads.gemm(4256, 256, 4096), bm=64, bn=64, bk=16)
+    plan = tvm_streamk.stream_k(sch, "C_update", target=H100, fixup="workspace")
+    # 256 threads, 16 accumulators and 9 divisions: at most 80 registers, 3 blocks per SM.
+    assert plan.blocks_per_sm == 3 and plan.grid == 132 * 3
+    assert "3 resident block(s)/SM estimated from the IR (<= 80 registers" in plan.reason
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "nvcc", True])
+def test_a_bad_blocks_per_sm_is_named(bad):
+    sch = workloads.reference_schedule(workloads.gemm(256, 256, 256))
+    with pytest.raises(tvm_streamk.StreamKError, match="blocks_per_sm") as err:
+        tvm_streamk.stream_k(sch, "C_update", target=H100, blocks_per_sm=bad)
+    assert "'ptxas'" in str(err.value)
 
 
 @needs_nvcc
 def test_explain_reports_the_built_kernels_occupancy():
     sch = workloads.reference_schedule(workloads.gemm(4256, 256, 4096), bm=64, bn=64, bk=16)
-    plan = sch.stream_k("C_update", target=A100, fixup="workspace")
+    plan = sch.stream_k("C_update", target=A100, fixup="workspace", blocks_per_sm="ptxas")
     report = tvm_streamk.explain(sch, target=A100, print_=False)
     kernel, dp = report.occupancy["kernel"], report.occupancy["data_parallel"]
     assert kernel.blocks == plan.blocks_per_sm and report.baseline.blocks_per_sm == dp.blocks
@@ -108,13 +131,13 @@ def test_deciding_compiles_each_kernel_once(monkeypatch):
     monkeypatch.setattr(ptxas.subprocess, "run", lambda *a, **k: calls.append(a) or run(*a, **k))
     ptxas.clear_cache()
     sch = workloads.reference_schedule(workloads.gemm(4256, 256, 4096), bm=64, bn=64, bk=16)
-    plan = sch.stream_k("C_update", target=A100, fixup="workspace")
+    plan = sch.stream_k("C_update", target=A100, fixup="workspace", blocks_per_sm="ptxas")
     assert BUILT.search(plan.reason), plan.reason
     # The data-parallel kernel, and the Stream-K kernel because 16 more registers would cost
     # it a block per SM (64 registers x 256 threads: 4 blocks, 80: 3).
     assert len(calls) == 2
     again = workloads.reference_schedule(workloads.gemm(4256, 256, 4096), bm=64, bn=64, bk=16)
-    assert again.stream_k("C_update", target=A100, fixup="workspace") == plan
+    assert again.stream_k("C_update", target=A100, fixup="workspace", blocks_per_sm="ptxas") == plan
     assert len(calls) == 2, "the same sources are read from the cache"
 
 
@@ -166,7 +189,7 @@ def _declaring(monkeypatch, written: int, spills: int = 0):
     monkeypatch.setattr(resources, "kernel_uses", uses)
     monkeypatch.setattr(resources, "resident_blocks", resident)
     sch = workloads.reference_schedule(workloads.gemm(4256, 256, 4096), bm=64, bn=64, bk=16)
-    plan = schedule.stream_k(sch, "C_update", target=A100, fixup="workspace")
+    plan = schedule.stream_k(sch, "C_update", target=A100, fixup="workspace", blocks_per_sm="ptxas")
     site = first_site(sch.mod["main"])
     decision = annotations.decode(site.block.annotations, site.block.name_hint)
     return plan, decision, built

@@ -193,14 +193,29 @@ def test_segment_values_narrow_under_a_host_check():
 @pytest.mark.skipif(not ptxas.available(), reason="nvcc is not on PATH")
 @pytest.mark.parametrize("fixup", ["atomic", "workspace"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_dlight_dynamic_kernel_resources(fixup, arch):
+# ptxas's count, and the default estimate from the IR: at the estimated grid (no nvcc) the sm_80
+# workspace kernel takes 80 registers and an 8 B stack (4 B of spills).
+@pytest.mark.parametrize("sizing", ["ptxas", None], ids=["ptxas", "estimate"])
+def test_dlight_dynamic_kernel_resources(fixup, arch, sizing, request):
+    if sizing is None and (fixup, arch) == ("workspace", "sm_80"):
+        request.applymarker(
+            pytest.mark.xfail(strict=True, raises=AssertionError, reason="80 (64), 8 B stack")
+        )
     # Measured: data-parallel 64 registers on both; Stream-K on a run-time count 64 (atomic) and
     # 72 (workspace) on sm_80, 56 and 56 on sm_90; 96 for all four while the segments' tile and
     # panels were int64 too.
     target, sms = (A100, 108) if arch == "sm_80" else (H100, 132)
     dp, block = _dlight_kernel(target=target)
     sch, _ = _dlight_kernel(target=target)
-    tvm_streamk.stream_k(sch, block, target=target, num_sms=sms, policy="stream_k", fixup=fixup)
+    tvm_streamk.stream_k(
+        sch,
+        block,
+        target=target,
+        num_sms=sms,
+        policy="stream_k",
+        fixup=fixup,
+        blocks_per_sm=sizing,
+    )
 
     def report(s):
         lib = tvm.compile(s.mod, target=target, tir_pipeline="tvm_streamk")

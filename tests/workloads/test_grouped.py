@@ -229,7 +229,18 @@ def test_moe_shapes_are_checked():
     ("fixup", "invariant"), [("atomic", False), ("workspace", False), ("workspace", True)]
 )
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_grouped_kernel_resources(fixup, invariant, arch):
+@pytest.mark.parametrize(
+    "sizing",
+    # ptxas's count, and the default estimate from the IR. At the estimated grid (no nvcc) ptxas
+    # spills the sm_90 workspace kernel: 48 registers, 20 B of spills, 24 B of stack.
+    ["ptxas", None],
+    ids=["ptxas", "estimate"],
+)
+def test_grouped_kernel_resources(fixup, invariant, arch, sizing, request):
+    if sizing is None and (fixup, invariant, arch) == ("workspace", False, "sm_90"):
+        request.applymarker(
+            pytest.mark.xfail(strict=True, raises=AssertionError, reason="48 (48), 20 B spills")
+        )
     # Measured (64x64 tiles, 256 threads, sm_80 and sm_90 alike): data-parallel 48 registers;
     # Stream-K with the atomic fix-up 48 (both 64 on sm_80 while a segment's tile was int64),
     # with the workspace fix-up 64 (on sm_80: 79 while the last arriver found its peers by
@@ -254,6 +265,7 @@ def test_grouped_kernel_resources(fixup, invariant, arch):
         fixup=fixup,
         tiles=(64, 64, 16, 4, 4),
         batch_invariant=invariant,
+        blocks_per_sm=sizing,
     )
     for name, r in report(kernel).items():
         assert r.spills == 0 and r.stack == 0, (name, r)

@@ -250,15 +250,48 @@ def test_index_types_hold_token_counts_past_2_31_products(default_opencl):
         call(2**33)
 
 
+# The default grid (resident blocks estimated from the IR, no nvcc) declares nothing, and ptxas
+# left to itself takes more than the budget at that grid: registers (data-parallel's), no spills.
+ESTIMATED_OVER_BUDGET = {
+    ("atomic", "sm_80"): "64 (46)",
+    ("workspace", "sm_80"): "72 (46)",
+    ("atomic", "sm_90"): "64 (46)",
+    ("workspace", "sm_90"): "64 (46)",
+}
+
+
+def _sizings(cases: dict):
+    """``blocks_per_sm`` of a resources test: ptxas's count, and the default estimate with the
+    ``(fixup, arch)`` cases of ``cases`` as strict xfails."""
+
+    def marks(key):
+        reason = cases.get(key)
+        return (
+            [pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)] if reason else []
+        )
+
+    return [
+        pytest.param(
+            fixup,
+            arch,
+            sizing,
+            marks=marks((fixup, arch)) if sizing is None else [],
+            id=f"{fixup}-{arch}-{sizing or 'estimate'}",
+        )
+        for fixup in ("atomic", "workspace")
+        for arch in ("sm_80", "sm_90")
+        for sizing in ("ptxas", None)
+    ]
+
+
 # Measured (64x64 tiles, 256 threads): data-parallel 46 registers on sm_80 and sm_90, 5 blocks
 # per SM. Left to ptxas's own choice the Stream-K kernel took 64 (atomic) and 72 (workspace)
 # registers on sm_80, 4 blocks; it now declares the 5 blocks of its grid
 # (transform/declare_occupancy.py) and ptxas holds it to 44 and 48 registers, no spills.
 @pytest.mark.ptxas
 @pytest.mark.skipif(not ptxas.available(), reason="nvcc is not on PATH")
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
-def test_resources_within_the_data_parallel_budget(arch, fixup):
+@pytest.mark.parametrize("fixup, arch, sizing", _sizings(ESTIMATED_OVER_BUDGET))
+def test_resources_within_the_data_parallel_budget(fixup, arch, sizing):
     target, sms = (A100, 108) if arch == "sm_80" else (H100, 132)
 
     sources = []
@@ -275,7 +308,7 @@ def test_resources_within_the_data_parallel_budget(arch, fixup):
     base = max(report(dp).values(), key=lambda r: r.registers)
     assert base.spills == 0 and base.stack == 0, base
     kernel = moe.grouped_weight_grad_kernel(
-        8, 512, 256, target=target, num_sms=sms, fixup=fixup, tiles=tiles
+        8, 512, 256, target=target, num_sms=sms, fixup=fixup, tiles=tiles, blocks_per_sm=sizing
     )
     found = report(kernel)
     for name, r in found.items():

@@ -32,7 +32,7 @@ class Request:
     """The knobs of :func:`tvm_streamk.stream_k`, as given (see its docstring)."""
 
     num_sms: int | str | None = None
-    blocks_per_sm: int | None = None
+    blocks_per_sm: int | str | None = None
     fixup: str = fixup_registry.AUTO
     deterministic: bool = False
     policy: str = "stream_k"
@@ -57,6 +57,18 @@ def validate(request: Request) -> None:
             )
     if request.batch_invariant and request.fixup != fixup_registry.AUTO:
         rules.check_batch_invariant_fixup(request.fixup)
+    bps = request.blocks_per_sm
+    if (
+        bps is not None
+        and bps != "ptxas"
+        and (isinstance(bps, bool) or not isinstance(bps, int) or bps < 1)
+    ):
+        raise StreamKError(
+            "blocks_per_sm",
+            f"blocks_per_sm={bps!r}",
+            "Pass a positive int, 'ptxas' (count the built kernel's registers with nvcc), or None "
+            "(estimate them from the IR).",
+        )
     if request.group is not None and (not isinstance(request.group, int) or request.group < 1):
         raise StreamKError("group", f"group={request.group!r}", "Pass a positive int, or None.")
     try:
