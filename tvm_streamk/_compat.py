@@ -91,6 +91,25 @@ def param_buffers(func: tirx.PrimFunc) -> list[tirx.Buffer]:
     return list(func.params)
 
 
+def with_concrete_shapes(func: tirx.PrimFunc, value: int) -> tirx.PrimFunc:
+    """``func`` with every symbolic extent of its parameters' shapes set to ``value`` (0.27
+    specializes a parameter by a buffer of the new shape)."""
+    concrete = {}
+    for buf in param_buffers(func):
+        for dim in buf.shape:
+            if isinstance(dim, tirx.Var):
+                concrete[dim] = tirx.IntImm(prim_dtype_of(dim) or "int64", value)
+    if not concrete:
+        return func
+    return func.specialize(
+        {
+            buf: tirx.decl_buffer([concrete.get(d, d) for d in buf.shape], buf.dtype, buf.name)
+            for buf in param_buffers(func)
+            if any(isinstance(d, tirx.Var) for d in buf.shape)
+        }
+    )
+
+
 def dtype_of(expr) -> str:
     """The dtype of a scalar TIR expression or variable, as a string."""
     return str(expr.ty)

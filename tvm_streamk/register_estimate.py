@@ -3,7 +3,7 @@
 Sizing a persistent grid needs the resident blocks of the kernel being built, and those
 depend on its registers. ptxas counts them exactly (:mod:`tvm_streamk.ptxas`), at 0.2-1.2 s of
 nvcc per kernel: six to eight times a model's stock compile. This module reads a bound from
-the scheduled data-parallel kernel instead, in about a millisecond: TVM's lowering up to buffer
+the scheduled data-parallel kernel instead, in a few milliseconds: TVM's lowering up to buffer
 compaction and software pipelining (:func:`lowered_prefix`) gives each thread's register
 buffers and tensor-core fragments, the block's threads and shared memory, and
 :func:`estimate` adds the registers to a base for addresses, loop counters and the Stream-K
@@ -20,20 +20,24 @@ wants ptxas's exact count passes ``blocks_per_sm="ptxas"`` to :func:`tvm_streamk
 
 Terms, in 32-bit registers per thread:
 
+* :data:`BASE` for thread and block indices, pointers, loop counters and the Stream-K walk's
+  unit range;
 * register buffers (``local``): their elements, 64-bit ones twice;
 * tensor-core fragments: half a warp's fragment elements over its 32 threads, as 32-bit words
   (ptxas keeps the operand fragments of one step live, not all of them);
-* index arithmetic: one register per :data:`DIVISIONS_PER_REGISTER` integer divisions or
-  modulos in the kernel, up to :data:`MAX_DIVISIONS` (an implicit GEMM's gathers keep their
-  quotients live: the reference schedule takes 40 registers with 9 of them, the same tiling
-  as an implicit-GEMM convolution 80 with 50);
-* :data:`BASE` for thread and block indices, pointers, loop counters, staging loads in flight
-  and the Stream-K walk's unit range.
+* the larger of two ways a kernel keeps values in flight: :data:`IN_FLIGHT` when any loop is
+  vectorised or unrolled (its loads issue together), and :data:`PER_DIVISION` per integer
+  division or modulo by a constant that is not a power of two, up to :data:`MAX_DIVISIONS`
+  (an implicit GEMM's gathers: a magic multiply each, quotient and remainder live). The
+  reference schedule, neither, takes 40 registers; the implicit-GEMM convolution of the same
+  tiling, 22 such divisions, 80; dlight's vectorised fp32 matmul 64-72.
 
-Fitted (``tests/transform/test_register_estimate.py``): every kernel of the suite gets at
-least the blocks its data-parallel kernel + 8 registers would; the estimate gives up a quarter
-of ptxas's resident blocks on average (the reference schedule half: 3 blocks of 256 threads
-against 6).
+Fitted (``tests/transform/test_register_estimate.py``): over every schedule source and dlight
+site of the ptxas suite, the built Stream-K kernel holds the blocks planned for, and the grid
+gives up at most one block per SM of ptxas's count for the data-parallel kernel (reference 5
+blocks of 256 threads against 6, dlight's fp32 matmul 6 of 128 against 7-8, the convolution
+sites 6 against 7, MetaSchedule's sample 5 against 5-6; implicit GEMM 3 and tensor-core 1, as
+ptxas counts).
 """
 
 from __future__ import annotations
@@ -44,22 +48,27 @@ from dataclasses import dataclass
 import tvm
 from tvm import s_tir, tirx
 
-from ._compat import structural_walk
+from ._compat import structural_walk, with_concrete_shapes
 
 __all__ = [
     "BASE",
-    "DIVISIONS_PER_REGISTER",
+    "IN_FLIGHT",
     "MAX_DIVISIONS",
+    "PER_DIVISION",
+    "RUN_TIME_EXTENT",
     "IRUse",
     "estimate",
     "ir_use",
     "lowered_prefix",
 ]
 
-BASE = 56
+BASE = 32
 """Registers of every kernel beyond its buffers: indices, pointers, loop counters, the walk."""
-DIVISIONS_PER_REGISTER = 4
-MAX_DIVISIONS = 64
+IN_FLIGHT = 32
+"""Registers of loads in flight in a kernel with vectorised or unrolled loops."""
+PER_DIVISION = 2
+"""Registers per integer division or modulo by a constant that is not a power of two."""
+MAX_DIVISIONS = 16
 MAX_REGISTERS = 255
 
 
@@ -84,8 +93,22 @@ def _prefix_passes() -> list:
     ]
 
 
-def lowered_prefix(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` through the first passes of TVM's lowering (about a millisecond a kernel)."""
+RUN_TIME_EXTENT = 4096
+"""What a symbolic extent of a parameter's shape is taken to be before the prefix runs: a
+tiled kernel's buffers have the tile's size whatever it is, and TVM's region analysis is
+three times faster on constants (a dynamic-M tensor-core matmul: 7 ms against 23)."""
+
+
+def lowered_prefix(mod: tvm.IRModule, concrete: bool = True) -> tvm.IRModule:
+    """``mod`` through the first passes of TVM's lowering (a few milliseconds a kernel), with
+    symbolic extents of parameter shapes taken as :data:`RUN_TIME_EXTENT` when ``concrete``."""
+    if concrete:
+        mod = tvm.IRModule(
+            {
+                gv: with_concrete_shapes(f, RUN_TIME_EXTENT) if isinstance(f, tirx.PrimFunc) else f
+                for gv, f in mod.functions.items()
+            }
+        )
     return tvm.transform.Sequential(_prefix_passes())(mod)
 
 
@@ -102,7 +125,9 @@ class IRUse:
     local_words, fragment_words : float
         Per thread: register buffers and tensor-core fragments, in 32-bit words.
     divisions : int
-        Integer divisions and modulos in the kernel.
+        Integer divisions and modulos by constants that are not powers of two.
+    in_flight : bool
+        Whether any loop is vectorised or unrolled.
     """
 
     threads: int
@@ -110,6 +135,7 @@ class IRUse:
     local_words: float
     fragment_words: float
     divisions: int
+    in_flight: bool
 
     @property
     def registers(self) -> int:
@@ -128,6 +154,7 @@ def ir_use(func: tirx.PrimFunc) -> IRUse:
     words = {"local": 0.0, "fragment": 0.0}
     shared = [0]
     divisions = [0]
+    in_flight = [False]
 
     def on_attr(node) -> None:
         if node.attr_key == "thread_extent" and str(node.node.thread_tag).startswith("threadIdx"):
@@ -139,13 +166,20 @@ def ir_use(func: tirx.PrimFunc) -> IRUse:
     def on_alloc(node) -> None:
         allocs.append(node.buffer)
 
-    def on_division(_node) -> None:
-        divisions[0] += 1
+    def on_division(node) -> None:
+        divisor = node.b
+        if isinstance(divisor, tirx.IntImm) and int(divisor.value) & (int(divisor.value) - 1):
+            divisions[0] += 1
+
+    def on_loop(node) -> None:
+        if node.kind in (tirx.ForKind.VECTORIZED, tirx.ForKind.UNROLLED):
+            in_flight[0] = True
 
     structural_walk(func.body, (tirx.AttrStmt, on_attr))
     structural_walk(func.body, (tirx.AllocBuffer, on_alloc))
     structural_walk(func.body, (tirx.FloorDiv, on_division))
     structural_walk(func.body, (tirx.FloorMod, on_division))
+    structural_walk(func.body, (tirx.For, on_loop))
     threads = math.prod(extents.values()) if extents else 1
     for buf in allocs:
         dtype = tvm.DataType(str(buf.dtype))
@@ -163,16 +197,15 @@ def ir_use(func: tirx.PrimFunc) -> IRUse:
         local_words=words["local"],
         fragment_words=words["fragment"],
         divisions=divisions[0],
+        in_flight=in_flight[0],
     )
 
 
 def estimate(use: IRUse) -> int:
     """Registers per thread the kernel of ``use`` takes at most, rounded up to ptxas's
     allocation unit of 8, within the 255 a thread may have."""
-    total = (
-        BASE
-        + use.local_words
-        + use.fragment_words / 2
-        + min(use.divisions, MAX_DIVISIONS) / DIVISIONS_PER_REGISTER
+    in_flight = max(
+        IN_FLIGHT if use.in_flight else 0, PER_DIVISION * min(use.divisions, MAX_DIVISIONS)
     )
+    total = BASE + use.local_words + use.fragment_words / 2 + in_flight
     return min(MAX_REGISTERS, -(-math.ceil(total) // 8) * 8)

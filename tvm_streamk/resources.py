@@ -170,10 +170,18 @@ def ir_uses(
 def estimated_uses(mod: tvm.IRModule, target: tvm.target.Target) -> dict[str, KernelUse]:
     """Per function of the scheduled ``mod``, what its kernel asks of an SM, from its IR alone:
     threads and shared memory after buffer compaction and software pipelining, registers by
-    :func:`tvm_streamk.register_estimate.estimate` (an upper bound; no nvcc, about a
-    millisecond a kernel)."""
-    _arch(target)
-    lowered = register_estimate.lowered_prefix(mod)
+    :func:`tvm_streamk.register_estimate.estimate` (an upper bound; no nvcc, a few
+    milliseconds a kernel)."""
+    limits = occupancy.arch_limits(_arch(target))
+    uses = _estimated(register_estimate.lowered_prefix(mod))
+    if any(use.shared > limits.shared_per_block for use in uses.values()):
+        # A buffer sized by a run-time extent: read the symbolic sizes instead (a buffer of
+        # symbolic size is left out; only the run time knows it).
+        uses = _estimated(register_estimate.lowered_prefix(mod, concrete=False))
+    return uses
+
+
+def _estimated(lowered: tvm.IRModule) -> dict[str, KernelUse]:
     uses = {}
     for gv, func in lowered.functions.items():
         if not isinstance(func, tirx.PrimFunc):

@@ -71,9 +71,9 @@ def stream_k(
         (None) the kernel's own occupancy on a CUDA target whose arch
         :mod:`tvm_streamk.occupancy` knows, read from its IR without nvcc: threads and shared
         memory of the scheduled kernel, and an upper bound of its registers
-        (:mod:`tvm_streamk.register_estimate`), about a millisecond. The bound errs towards
-        fewer blocks (a quarter fewer than ptxas counts, on average over the test suite's
-        kernels), never towards a grid that does not fit. ``"ptxas"``: the count of the built
+        (:mod:`tvm_streamk.register_estimate`), a few milliseconds. The bound errs towards
+        fewer blocks (up to two fewer than ptxas counts over the test suite's kernels), never
+        towards a grid that does not fit. ``"ptxas"``: the count of the built
         kernel, as CUTLASS sizes its persistent grid: the data-parallel kernel and, where its
         registers decide, the Stream-K kernel are built, ptxas counts their registers (0.2-1.2
         s of nvcc each), and a Stream-K kernel over the data-parallel registers + 16 or

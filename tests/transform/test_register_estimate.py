@@ -4,10 +4,11 @@
 (:mod:`tvm_streamk.register_estimate`): the estimate must never give more resident blocks
 than the kernel built from the decision holds, or the last blocks would run in a second wave.
 Each schedule source of the ptxas suite and each convolution and contraction site of the dlight
-rules, on sm_80 and sm_90, is decided with the default, built, and read by ptxas. What the
-estimate gives up is bounded too: at least half of the data-parallel kernel's resident blocks
-by ptxas's count (measured: a quarter fewer on average; the reference schedule, 40 registers
-by ptxas against a bound of 80, holds 3 blocks of 256 threads where ptxas allows 6).
+rules, on sm_80 and sm_90, is decided with the default grid under both merging fix-ups, built,
+and read by ptxas. What the estimate gives up is bounded too: at most two resident blocks per SM
+of ptxas's count for the data-parallel kernel (measured: dlight's fp32 matmul on sm_90 and five
+convolution and contraction sites 6 blocks of 128 threads against 8; most others one block;
+implicit GEMM and tensor cores none).
 """
 
 import functools
@@ -50,18 +51,25 @@ def _schedule(kind: str, arch: str):
     return matmul_site(_site_func(kind))
 
 
-def _decision(kind: str) -> dict:
-    # Tensor-core fragments take the aligned split only; the others the default policy.
-    return {"policy": "split_k", "splits": 2} if kind == "dlight_wmma" else {}
+def _decision(kind: str, fixup: str) -> dict:
+    # Tensor-core fragments take the aligned split only, merged through the workspace; the
+    # others the default policy.
+    if kind == "dlight_wmma":
+        return {"policy": "split_k", "splits": 2, "fixup": "workspace"}
+    return {"fixup": fixup}
 
 
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
 @pytest.mark.parametrize("arch", list(SM_TARGETS))
 @pytest.mark.parametrize("kind", SOURCES + SITES)
-def test_the_estimated_grid_fits_the_built_kernel(kind, arch):
+def test_the_estimated_grid_fits_the_built_kernel(kind, arch, fixup):
+    if kind in CONV_EPILOGUE_CASES and fixup == "atomic":
+        pytest.skip("an epilogue takes the workspace fix-up only (test_conv checks the refusal)")
     target = tvm.target.Target(SM_TARGETS[arch])
     sch, block = _schedule(kind, arch)
     dp = resources.kernel_uses(sch.mod, target, "tvm_streamk")
-    tvm_streamk.stream_k(sch, block, target=target, num_sms=SM_COUNTS[arch], **_decision(kind))
+    decision = _decision(kind, fixup)
+    tvm_streamk.stream_k(sch, block, target=target, num_sms=SM_COUNTS[arch], **decision)
     site = first_site(sch.mod["main"])
     planned = record.decode(site.block.annotations, site.block.name_hint).blocks_per_sm
     built = resources.kernel_uses(sch.mod, target, "tvm_streamk")
@@ -69,7 +77,7 @@ def test_the_estimated_grid_fits_the_built_kernel(kind, arch):
     _, held = resources.fewest_blocks(built, arch_name)
     assert held.blocks >= planned, (planned, held, built)
     _, dp_held = resources.fewest_blocks(dp, arch_name)
-    assert 2 * planned >= dp_held.blocks, (planned, dp_held, dp)
+    assert planned >= dp_held.blocks - 2, (planned, dp_held, dp)
 
 
 def test_the_estimate_reads_buffers_and_divisions():
@@ -78,8 +86,25 @@ def test_the_estimate_reads_buffers_and_divisions():
         register_estimate.ir_use(f)
         for f in register_estimate.lowered_prefix(sch.mod).functions.values()
     ]
-    # 16 x 16 threads of a 4 x 4 accumulator; A and B panels of 64 x 16 floats in shared.
+    # 16 x 16 threads of a 4 x 4 accumulator; A and B panels of 64 x 16 floats in shared; no
+    # vectorised loop, and every division by a power of two.
     assert (use.threads, use.local_words, use.fragment_words) == (256, 16, 0)
     assert use.shared == 2 * 64 * 16 * 4
-    expected = register_estimate.BASE + 16 + use.divisions / 4
-    assert use.registers == math.ceil(expected / 8) * 8
+    assert (use.divisions, use.in_flight) == (0, False)
+    assert use.registers == math.ceil((register_estimate.BASE + 16) / 8) * 8 == 48
+
+
+def test_gathers_and_vectorised_loops_keep_values_in_flight():
+    conv = workloads.implicit_gemm_schedule(workloads.conv(**next(iter(CONV_CASES.values()))))
+    (use,) = [
+        register_estimate.ir_use(f)
+        for f in register_estimate.lowered_prefix(conv.mod).functions.values()
+    ]
+    assert use.divisions > 0 and not use.in_flight
+    assert use.registers >= register_estimate.BASE + use.local_words + 2 * min(use.divisions, 16)
+    sch, _ = budget_schedule("dlight", "sm_90")
+    (use,) = [
+        register_estimate.ir_use(f)
+        for f in register_estimate.lowered_prefix(sch.mod).functions.values()
+    ]
+    assert use.in_flight and use.registers == 80
