@@ -6,9 +6,7 @@ storage planning, host/device split) is TVM's own, except
 ``BoundRunTimeAllocations`` (per-block buffers of a dynamic-shape kernel at their compile-time
 bound), ``HostBranches`` (the host's choice between two kernels of one call, a branch only once
 ``ThreadSync`` has run), ``CancelStagingOffsets`` (a run-time walk's staging indices without
-the tile offset buffer compaction wrote through a register copy), ``DropUnusedBinds`` (the
-walk's bindings that simplification left unread, which PoCL would keep live across barriers),
-``ResolveDeviceSMs``,
+the tile offset buffer compaction wrote through a register copy), ``ResolveDeviceSMs``,
 which needs the device ``MakePackedAPI`` defines, and ``DeclareOccupancy`` at the end (the
 resident blocks a decision declares, on the CUDA kernels its function launches once host and
 device code are split).
@@ -37,7 +35,6 @@ from .transform.bound_allocations import BoundRunTimeAllocations
 from .transform.cancel_staging_offsets import CancelStagingOffsets
 from .transform.declare_occupancy import DeclareOccupancy
 from .transform.device_sms import ResolveDeviceSMs
-from .transform.drop_unused_binds import DropUnusedBinds
 from .transform.host_branches import HostBranches
 from .transform.lower_stream_k import annotated_blocks
 from .transform.ragged_views import LowerRaggedViews
@@ -106,7 +103,6 @@ def stream_k_pipeline():
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         lowered = with_safe_reuse(LowerRaggedViews()(LowerStreamK()(mod)), base)
         lowered = CancelStagingOffsets(HostBranches(BoundRunTimeAllocations(lowered)))
-        lowered = DropUnusedBinds(lowered)
         return DeclareOccupancy()(ResolveDeviceSMs()(lowered))
 
     return _pipeline, finalize_host, finalize_device
