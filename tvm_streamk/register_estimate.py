@@ -34,10 +34,13 @@ Terms, in 32-bit registers per thread:
 
 Fitted (``tests/transform/test_register_estimate.py``): over every schedule source and dlight
 site of the ptxas suite, the built Stream-K kernel holds the blocks planned for, and the grid
-gives up at most one block per SM of ptxas's count for the data-parallel kernel (reference 5
+gives up at most two blocks per SM of ptxas's count for the data-parallel kernel (reference 5
 blocks of 256 threads against 6, dlight's fp32 matmul 6 of 128 against 7-8, the convolution
-sites 6 against 7, MetaSchedule's sample 5 against 5-6; implicit GEMM 3 and tensor-core 1, as
-ptxas counts).
+sites 6 against 7-8, MetaSchedule's sample 5 against 5-6; implicit GEMM 3 and tensor-core 1,
+as ptxas counts).
+
+:func:`block_threads` and :func:`buffer_bytes` read a lowered kernel's threads and buffer
+sizes for :mod:`tvm_streamk.resources` too.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ __all__ = [
     "PER_DIVISION",
     "RUN_TIME_EXTENT",
     "IRUse",
+    "block_threads",
+    "buffer_bytes",
     "estimate",
     "ir_use",
     "lowered_prefix",
@@ -144,27 +149,34 @@ class IRUse:
 
 
 def _elements(buf) -> int:
+    """Elements of ``buf`` (vector lanes counted), 0 when its shape is symbolic."""
     dims = [int(d) if isinstance(d, tirx.IntImm) else None for d in buf.shape]
-    return math.prod(dims) if None not in dims else 0
+    return math.prod(dims) * tvm.DataType(str(buf.dtype)).lanes if None not in dims else 0
 
 
-def ir_use(func: tirx.PrimFunc) -> IRUse:
-    """The :class:`IRUse` of one function of :func:`lowered_prefix`'s module."""
+def buffer_bytes(buf) -> int:
+    """Bytes of ``buf``, 0 when its shape is symbolic (only the run time knows them)."""
+    return _elements(buf) * tvm.DataType(str(buf.dtype)).bits // 8
+
+
+def block_threads(func: tirx.PrimFunc) -> int:
+    """Threads per block of a kernel whose thread bindings are launch attributes."""
     extents: dict[str, int] = {}
-    words = {"local": 0.0, "fragment": 0.0}
-    shared = [0]
-    divisions = [0]
-    in_flight = [False]
 
     def on_attr(node) -> None:
         if node.attr_key == "thread_extent" and str(node.node.thread_tag).startswith("threadIdx"):
             if isinstance(node.value, tirx.IntImm):
                 extents[str(node.node.thread_tag)] = int(node.value)
 
-    allocs = []
+    structural_walk(func.body, (tirx.AttrStmt, on_attr))
+    return math.prod(extents.values()) if extents else 1
 
-    def on_alloc(node) -> None:
-        allocs.append(node.buffer)
+
+def ir_use(func: tirx.PrimFunc) -> IRUse:
+    """The :class:`IRUse` of one function of :func:`lowered_prefix`'s module."""
+    allocs = []
+    divisions = [0]
+    in_flight = [False]
 
     def on_division(node) -> None:
         divisor = node.b
@@ -175,27 +187,31 @@ def ir_use(func: tirx.PrimFunc) -> IRUse:
         if node.kind in (tirx.ForKind.VECTORIZED, tirx.ForKind.UNROLLED):
             in_flight[0] = True
 
-    structural_walk(func.body, (tirx.AttrStmt, on_attr))
-    structural_walk(func.body, (tirx.AllocBuffer, on_alloc))
-    structural_walk(func.body, (tirx.FloorDiv, on_division))
-    structural_walk(func.body, (tirx.FloorMod, on_division))
-    structural_walk(func.body, (tirx.For, on_loop))
-    threads = math.prod(extents.values()) if extents else 1
+    structural_walk(
+        func.body,
+        [
+            (tirx.AllocBuffer, lambda node: allocs.append(node.buffer)),
+            (tirx.FloorDiv, on_division),
+            (tirx.FloorMod, on_division),
+            (tirx.For, on_loop),
+        ],
+    )
+    local = fragment = 0.0
+    shared = 0
     for buf in allocs:
-        dtype = tvm.DataType(str(buf.dtype))
-        elements = _elements(buf) * dtype.lanes
+        bits = tvm.DataType(str(buf.dtype)).bits
         scope = buf.scope()
         if scope == "local":
-            words["local"] += elements * max(1, dtype.bits // 32)
+            local += _elements(buf) * max(1, bits // 32)
         elif scope.startswith("wmma.") or scope.startswith("m16n8k8."):
-            words["fragment"] += elements * dtype.bits / 32 / 32
+            fragment += _elements(buf) * bits / 32 / 32
         elif scope.startswith("shared"):
-            shared[0] += elements * dtype.bits // 8
+            shared += buffer_bytes(buf)
     return IRUse(
-        threads=threads,
-        shared=shared[0],
-        local_words=words["local"],
-        fragment_words=words["fragment"],
+        threads=block_threads(func),
+        shared=shared,
+        local_words=local,
+        fragment_words=fragment,
         divisions=divisions[0],
         in_flight=in_flight[0],
     )

@@ -8,7 +8,6 @@ memory from ptxas (:mod:`tvm_streamk.ptxas`, which needs ``nvcc``), the limits f
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import tvm
@@ -61,17 +60,6 @@ def _arch(target: tvm.target.Target) -> str:
     return arch
 
 
-def _threads(func: tirx.PrimFunc) -> int:
-    extents: dict[str, int] = {}
-
-    def on_attr(node) -> None:
-        if node.attr_key == "thread_extent" and str(node.node.thread_tag).startswith("threadIdx"):
-            extents[str(node.node.thread_tag)] = int(node.value)
-
-    structural_walk(func.body, (tirx.AttrStmt, on_attr))
-    return math.prod(extents.values()) if extents else 1
-
-
 def _dynamic_shared(func: tirx.PrimFunc) -> int:
     return _shared(func, "shared.dyn")
 
@@ -84,10 +72,8 @@ def _shared(func: tirx.PrimFunc, scope: str) -> int:
     found = [0]
 
     def on_alloc(node) -> None:
-        buf = node.buffer
-        if buf.scope() == scope and all(isinstance(d, tirx.IntImm) for d in buf.shape):
-            elems = math.prod(int(d) for d in buf.shape)
-            found[0] += elems * tvm.DataType(str(buf.dtype)).bits // 8
+        if node.buffer.scope() == scope:
+            found[0] += register_estimate.buffer_bytes(node.buffer)
 
     structural_walk(func.body, (tirx.AllocBuffer, on_alloc))
     return found[0]
@@ -137,7 +123,7 @@ def kernel_uses(
     for name, func in kernels.items():
         found = report[name]
         uses[name] = KernelUse(
-            threads=_threads(func),
+            threads=register_estimate.block_threads(func),
             registers=found.registers,
             shared=found.shared + _dynamic_shared(func),
             spills=found.spills,
@@ -158,7 +144,7 @@ def ir_uses(
     kernels, _, _ = _lowered(mod, target, pipeline)
     return {
         name: KernelUse(
-            threads=_threads(func),
+            threads=register_estimate.block_threads(func),
             registers=registers,
             shared=_static_shared(func) + _dynamic_shared(func),
             spills=0,

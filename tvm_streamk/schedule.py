@@ -11,6 +11,7 @@ from . import decomposition, occupancy, ptxas, resources
 from ._compat import Schedule, target_arch
 from .analysis import StreamKSite, analyze_block, sblock_rv
 from .decision import Decision, Request, decide, record, validate
+from .decision.decide import PTXAS
 from .errors import StreamKError
 
 
@@ -203,10 +204,6 @@ def _record(on: Schedule, block_rv, site: StreamKSite, fuse: list, decision) -> 
         on.annotate(block_rv, key, value)
 
 
-PTXAS = "ptxas"
-"""``blocks_per_sm=PTXAS``: size the grid by ptxas's count of the built kernel's registers."""
-
-
 def _decide_for_estimated_occupancy(sch: Schedule, site, request, target):
     """``(decision, plan)`` for the resident blocks per SM the scheduled kernel's IR allows
     (:func:`tvm_streamk.resources.estimated_uses`): no nvcc, no lowering past compaction.
@@ -214,17 +211,12 @@ def _decide_for_estimated_occupancy(sch: Schedule, site, request, target):
     why."""
     why = _no_occupancy(target, needs_nvcc=False)
     if why is not None:
-        decision, chosen = decide(site, request, target, 1)
-        return decision, chosen.with_reason(f"{chosen.reason}; 1 block/SM ({why})")
+        return _one_block_per_sm(site, request, target, why)
     arch = target_arch(target)
     uses = resources.estimated_uses(record.without_decisions(sch.mod), target)
     name, held = resources.fewest_blocks(uses, arch)
     if held.by_limit.get("shared", 1) < 1 or held.by_limit["threads"] < 1:
-        raise StreamKError(
-            "occupancy",
-            f"the data-parallel kernel does not fit one SM ({held.by_limit} blocks by limit)",
-            "Use smaller tiles or fewer threads per block, or pass blocks_per_sm.",
-        )
+        raise _does_not_fit(held)
     # A bound above what one block's threads may have still launches: ptxas fits one block.
     bps = max(1, held.blocks)
     occupancy_of_dp = {"dp_blocks_per_sm": bps, "warps_per_block": held.warps_per_block}
@@ -255,19 +247,14 @@ def _decide_for_occupancy(sch: Schedule, block_rv, fuse, site, request, target):
     """
     why = _no_occupancy(target, needs_nvcc=True)
     if why is not None:
-        decision, chosen = decide(site, request, target, 1)
-        return decision, chosen.with_reason(f"{chosen.reason}; 1 block/SM ({why})")
+        return _one_block_per_sm(site, request, target, why)
     try:
         arch = target_arch(target)
         uses = resources.kernel_uses(record.without_decisions(sch.mod), target, "tvm_streamk")
         name, dp = resources.fewest_blocks(uses, arch)
         dp_registers = uses[name].registers
         if dp.blocks < 1:
-            raise StreamKError(
-                "occupancy",
-                f"the data-parallel kernel does not fit one SM ({dp.by_limit} blocks by limit)",
-                "Use smaller tiles or fewer threads per block, or pass blocks_per_sm.",
-            )
+            raise _does_not_fit(dp)
         occupancy_of_dp = {"dp_blocks_per_sm": dp.blocks, "warps_per_block": dp.warps_per_block}
         decision, chosen = decide(site, request, target, dp.blocks, **occupancy_of_dp)
 
@@ -282,9 +269,9 @@ def _decide_for_occupancy(sch: Schedule, block_rv, fuse, site, request, target):
     except Exception as err:  # noqa: BLE001 - TVM and nvcc fail with assorted exception types
         # A kernel that does not build here still gets a decision: one block per SM, and why.
         first = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
-        decision, chosen = decide(site, request, target, 1)
-        note = f"1 block/SM (the kernel did not build for its occupancy: {first})"
-        return decision, chosen.with_reason(f"{chosen.reason}; {note}")
+        return _one_block_per_sm(
+            site, request, target, f"the kernel did not build for its occupancy: {first}"
+        )
     # A declared kernel may hold more blocks than it declares; the grid counts what it declares.
     bps = dp.blocks if declared or built.blocks < 1 else built.blocks
     if bps != dp.blocks:
@@ -338,6 +325,20 @@ def _stream_k_occupancy(lowered, decision: Decision, target, dp, dp_registers: i
     if clean and declared.blocks >= dp.blocks:
         return declared, True
     return written, False
+
+
+def _one_block_per_sm(site, request, target, why: str):
+    """``(decision, plan)`` for one resident block per SM, the plan saying ``why``."""
+    decision, chosen = decide(site, request, target, 1)
+    return decision, chosen.with_reason(f"{chosen.reason}; 1 block/SM ({why})")
+
+
+def _does_not_fit(held: occupancy.Occupancy) -> StreamKError:
+    return StreamKError(
+        "occupancy",
+        f"the data-parallel kernel does not fit one SM ({held.by_limit} blocks by limit)",
+        "Use smaller tiles or fewer threads per block, or pass blocks_per_sm.",
+    )
 
 
 def _no_occupancy(target: tvm.target.Target | None, needs_nvcc: bool) -> str | None:

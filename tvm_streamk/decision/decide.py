@@ -27,6 +27,10 @@ COND_NUM_SMS = "num-sms"
 COND_KNOB = "knob"
 
 
+PTXAS = "ptxas"
+"""``blocks_per_sm=PTXAS``: size the grid by ptxas's count of the built kernel's registers."""
+
+
 @dataclass(frozen=True)
 class Request:
     """The knobs of :func:`tvm_streamk.stream_k`, as given (see its docstring)."""
@@ -60,14 +64,14 @@ def validate(request: Request) -> None:
     bps = request.blocks_per_sm
     if (
         bps is not None
-        and bps != "ptxas"
+        and bps != PTXAS
         and (isinstance(bps, bool) or not isinstance(bps, int) or bps < 1)
     ):
         raise StreamKError(
             "blocks_per_sm",
             f"blocks_per_sm={bps!r}",
-            "Pass a positive int, 'ptxas' (count the built kernel's registers with nvcc), or None "
-            "(estimate them from the IR).",
+            f"Pass a positive int, {PTXAS!r} (count the built kernel's registers with nvcc), "
+            "or None (estimate them from the IR).",
         )
     if request.group is not None and (not isinstance(request.group, int) or request.group < 1):
         raise StreamKError("group", f"group={request.group!r}", "Pass a positive int, or None.")
