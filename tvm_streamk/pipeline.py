@@ -7,9 +7,11 @@ storage planning, host/device split) is TVM's own, except
 bound), ``HostBranches`` (the host's choice between two kernels of one call, a branch only once
 ``ThreadSync`` has run), ``CancelStagingOffsets`` (a run-time walk's staging indices without
 the tile offset buffer compaction wrote through a register copy), ``ResolveDeviceSMs``,
-which needs the device ``MakePackedAPI`` defines, and ``DeclareOccupancy`` at the end (the
-resident blocks a decision declares, on the CUDA kernels its function launches once host and
-device code are split).
+which needs the device ``MakePackedAPI`` defines, and ``DeclareOccupancy`` and
+``MarkPersistent`` at the end (the resident blocks a decision declares, and which kernels are
+persistent, on the kernels its function launches once host and device code are split).
+``DropUnusedBinds`` runs first in the device finalization: it drops the walk's bindings a
+persistent kernel never reads, which PoCL would keep live across barriers.
 
 Importing the package also wraps every other registered TIR pipeline (TVM's ``default``,
 ``s_tir``, ...) with :func:`refuse_unlowered`: a module that still carries a Stream-K decision
@@ -35,6 +37,7 @@ from .transform.bound_allocations import BoundRunTimeAllocations
 from .transform.cancel_staging_offsets import CancelStagingOffsets
 from .transform.declare_occupancy import DeclareOccupancy
 from .transform.device_sms import ResolveDeviceSMs
+from .transform.drop_unused_binds import DropUnusedBinds, MarkPersistent
 from .transform.host_branches import HostBranches
 from .transform.lower_stream_k import annotated_blocks
 from .transform.ragged_views import LowerRaggedViews
@@ -103,9 +106,12 @@ def stream_k_pipeline():
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         lowered = with_safe_reuse(LowerRaggedViews()(LowerStreamK()(mod)), base)
         lowered = CancelStagingOffsets(HostBranches(BoundRunTimeAllocations(lowered)))
-        return DeclareOccupancy()(ResolveDeviceSMs()(lowered))
+        return MarkPersistent(DeclareOccupancy()(ResolveDeviceSMs()(lowered)))
 
-    return _pipeline, finalize_host, finalize_device
+    def _finalize_device():
+        return tvm.transform.Sequential([DropUnusedBinds, finalize_device()])
+
+    return _pipeline, finalize_host, _finalize_device
 
 
 def refuse_unlowered(mod: tvm.IRModule, pipeline: str) -> None:

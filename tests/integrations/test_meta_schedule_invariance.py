@@ -27,8 +27,9 @@ from tvm_streamk.postproc import RechunkStreamK
 N, K = 64, 512
 # Tuning seeds per M. Seed 1 at M = 1 draws a split-K candidate that pip's PoCL 3.0-rc2 cannot
 # compile (its work-group compiler aborts: "Could not find a dominating alternative variable");
-# Debian's PoCL 3.1 and Oclgrind run that kernel right.
-SEEDS = {1: 2, 7: 7, 129: 129}
+# seed 7 at M = 7 one whose kernel, without the walk's dead bindings (DropUnusedBinds), crashes
+# it (a segmentation fault while building). Debian's PoCL 3.1 and Oclgrind run both right.
+SEEDS = {1: 2, 7: 8, 129: 129}
 
 
 def _split_k(factors, order=None):

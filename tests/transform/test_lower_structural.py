@@ -16,7 +16,7 @@ from tvm_streamk import workloads
 # fmt: off
 @T.prim_func(s_tir=True)
 def expected_stream_k(A: T.Buffer((64, 24), "float32"), B: T.Buffer((24, 48), "float32"), C: T.Buffer((64, 48), "float32")):
-    T.func_attr({"tirx.noalias": True})
+    T.func_attr({"tirx.noalias": True, "tvm_streamk.persistent": True})
     # with T.sblock("root"):
     C_local = T.sblock_alloc_buffer((64, 48), scope="local")
     A_shared = T.sblock_alloc_buffer((64, 24), scope="shared")

@@ -14,6 +14,7 @@ from .._compat import (
     arith,
     assert_stmt,
     dtype_of,
+    op_name,
     structural_map,
     structural_walk,
 )
@@ -532,3 +533,19 @@ def map_prim_funcs(mod: tvm.IRModule, rewrite) -> tvm.IRModule:
         if not func.same_as(mod[gv]):
             mod[gv] = func
     return mod
+
+
+# TVM's launch of a device kernel from its host function (after SplitHostDevice).
+LAUNCH_OP = "tirx.call_ffi_kernel"
+
+
+def launched_kernels(func: tirx.PrimFunc) -> set[str]:
+    """Names of the device kernels host function ``func`` launches."""
+    names: set[str] = set()
+
+    def on_call(call) -> None:
+        if op_name(call) == LAUNCH_OP and isinstance(call.args[0], tvm.ir.StringImm):
+            names.add(call.args[0].value)
+
+    structural_walk(func.body, (tvm.ir.Call, on_call))
+    return names

@@ -24,7 +24,7 @@ from .._compat import (
     structural_walk,
 )
 from ..errors import StreamKError
-from ._ir import map_prim_funcs
+from ._ir import LAUNCH_OP, map_prim_funcs
 
 # Storage a kernel sizes at compile time.
 _STATIC_SCOPES = ("local", "shared", "warp")
@@ -111,7 +111,7 @@ def _host_bindings(mod: tvm.IRModule) -> dict[str, list]:
             continue
 
         def on_call(call, binds=binds) -> None:
-            if op_name(call) != "tirx.call_ffi_kernel" or not call.args:
+            if op_name(call) != LAUNCH_OP or not call.args:
                 return
             name = getattr(call.args[0], "value", None)
             kernel = kernels.get(name)

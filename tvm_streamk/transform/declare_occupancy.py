@@ -29,14 +29,12 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
-from .._compat import op_name, structural_walk
-from ._ir import map_prim_funcs
+from ._ir import launched_kernels, map_prim_funcs
 
 # On the function LowerStreamK rewrote: the resident blocks per SM its persistent grid counts on.
 ATTR = "tvm_streamk.resident_blocks_per_sm"
 # TVM's PrimFunc attribute for the second argument of __launch_bounds__ (codegen_cuda.cc).
 MIN_BLOCKS_ATTR = "tirx.launch_bounds_min_blocks_per_sm"
-LAUNCH_OP = "tirx.call_ffi_kernel"
 
 
 def record(func: tirx.PrimFunc, blocks_per_sm: int) -> tirx.PrimFunc:
@@ -45,17 +43,6 @@ def record(func: tirx.PrimFunc, blocks_per_sm: int) -> tirx.PrimFunc:
     if func.attrs is not None and ATTR in func.attrs:
         blocks_per_sm = min(blocks_per_sm, int(func.attrs[ATTR]))
     return func.with_attr(ATTR, int(blocks_per_sm))
-
-
-def _launched(func: tirx.PrimFunc) -> set[str]:
-    names: set[str] = set()
-
-    def on_call(call) -> None:
-        if op_name(call) == LAUNCH_OP and isinstance(call.args[0], tvm.ir.StringImm):
-            names.add(call.args[0].value)
-
-    structural_walk(func.body, (tvm.ir.Call, on_call))
-    return names
 
 
 def _is_cuda(func: tirx.PrimFunc) -> bool:
@@ -72,7 +59,7 @@ def declare(mod: tvm.IRModule) -> tvm.IRModule:
         blocks = int(func.attrs[ATTR])
         if blocks < 2:
             continue
-        for name in _launched(func):
+        for name in launched_kernels(func):
             declared[name] = min(blocks, declared.get(name, blocks))
     if not declared:
         return mod

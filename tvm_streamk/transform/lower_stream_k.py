@@ -45,6 +45,7 @@ from ..memory_model import for_target
 from . import (  # noqa: F401 - registers
     declare_occupancy,
     device_sms,
+    drop_unused_binds,
     fixup_atomic,
     fixup_separate,
     fixup_workspace,
@@ -198,7 +199,7 @@ def rewrite(
     func = func.with_body(SBlockRealize(root_realize.iter_values, root_realize.predicate, new_root))
     if decision.declares_occupancy:
         func = declare_occupancy.record(func, decision.blocks_per_sm)
-    return func
+    return func.with_attr(drop_unused_binds.LOWERED_ATTR, True)
 
 
 def _used(buffers, site: StreamKSite) -> list:
