@@ -213,7 +213,14 @@ def _decide_for_estimated_occupancy(sch: Schedule, site, request, target):
     if why is not None:
         return _one_block_per_sm(site, request, target, why)
     arch = target_arch(target)
-    uses = resources.estimated_uses(record.without_decisions(sch.mod), target)
+    try:
+        uses = resources.estimated_uses(record.without_decisions(sch.mod), target)
+    except Exception as err:  # noqa: BLE001 - TVM's passes fail with assorted exception types
+        # A kernel TVM's lowering cannot take this far still gets a decision, as on the ptxas
+        # path: one block per SM, and why.
+        return _one_block_per_sm(
+            site, request, target, f"the kernel's IR could not be read: {_first_line(err)}"
+        )
     name, held = resources.fewest_blocks(uses, arch)
     if held.by_limit.get("shared", 1) < 1 or held.by_limit["threads"] < 1:
         raise _does_not_fit(held)
@@ -268,9 +275,8 @@ def _decide_for_occupancy(sch: Schedule, block_rv, fuse, site, request, target):
         raise
     except Exception as err:  # noqa: BLE001 - TVM and nvcc fail with assorted exception types
         # A kernel that does not build here still gets a decision: one block per SM, and why.
-        first = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
         return _one_block_per_sm(
-            site, request, target, f"the kernel did not build for its occupancy: {first}"
+            site, request, target, f"the kernel did not build for its occupancy: {_first_line(err)}"
         )
     # A declared kernel may hold more blocks than it declares; the grid counts what it declares.
     bps = dp.blocks if declared or built.blocks < 1 else built.blocks
@@ -331,6 +337,12 @@ def _one_block_per_sm(site, request, target, why: str):
     """``(decision, plan)`` for one resident block per SM, the plan saying ``why``."""
     decision, chosen = decide(site, request, target, 1)
     return decision, chosen.with_reason(f"{chosen.reason}; 1 block/SM ({why})")
+
+
+def _first_line(err: Exception) -> str:
+    """The first line of ``err``'s message (its type where it has none), for a plan's reason."""
+    text = str(err).strip()
+    return text.splitlines()[0][:160] if text else type(err).__name__
 
 
 def _does_not_fit(held: occupancy.Occupancy) -> StreamKError:

@@ -14,7 +14,7 @@ import tvm
 import tvm_streamk
 from tests.helpers import A100, H100
 from tests.kernels import dlight_matmul
-from tvm_streamk import occupancy, ptxas, resources, workloads
+from tvm_streamk import occupancy, ptxas, register_estimate, resources, workloads
 from tvm_streamk.analysis import blocks_under, first_site
 from tvm_streamk.decision import record as annotations
 from tvm_streamk.dlight import StreamKMatmul
@@ -105,6 +105,17 @@ def test_the_default_estimates_the_occupancy_without_nvcc(monkeypatch):
     # blocks per SM (ptxas counts 40 and allows 6).
     assert plan.blocks_per_sm == 5 and plan.grid == 132 * 5
     assert "5 resident block(s)/SM estimated from the IR (<= 48 registers" in plan.reason
+
+
+def test_an_ir_the_estimate_cannot_read_gets_one_block_per_sm_and_why(monkeypatch):
+    def fail(*args, **kwargs):
+        raise tvm.error.InternalError("Check failed: (!used) is false: an unusual kernel")
+
+    monkeypatch.setattr(register_estimate, "lowered_prefix", fail)
+    sch = workloads.reference_schedule(workloads.gemm(4256, 256, 4096), bm=64, bn=64, bk=16)
+    plan = tvm_streamk.stream_k(sch, "C_update", target=H100, fixup="workspace")
+    assert plan.blocks_per_sm == 1 and plan.grid == 132
+    assert "1 block/SM (the kernel's IR could not be read: Check failed: (!used)" in plan.reason
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "nvcc", True])
