@@ -30,7 +30,7 @@ import tvm
 from tvm.s_tir import Schedule
 
 import tvm_streamk
-from tests.helpers import A100, FP32_TOL, SM_TARGETS
+from tests.helpers import A100, FP32_TOL, SIZINGS, SM_TARGETS
 from tests.kernels import dlight_matmul, matmul_reference
 from tvm_streamk import pocl, ptxas, workloads
 from tvm_streamk._compat import dlight, dlight_cuda_target
@@ -288,7 +288,7 @@ def _dynamic_cases():
         for arch in sorted(SM_TARGETS):
             # The grid of ptxas's count (8 blocks of 128 threads on sm_80), and the default one
             # estimated from the IR (6 blocks): the panels' addresses differ with the grid.
-            for sizing in ("ptxas", None):
+            for name, sizing in SIZINGS.items():
                 marks = []
                 if sizing and arch == "sm_80" and fixup == "workspace" and k != 3072:
                     marks = _gap(
@@ -296,7 +296,7 @@ def _dynamic_cases():
                         "addresses of its A and B panels (1.49 instructions per FMA against "
                         "1.25: LEA, IMAD.WIDE, IADD3 the data-parallel loop hoists)"
                     )
-                case_id = f"{arch}-{fixup}-{k}-{sizing or 'estimate'}"
+                case_id = f"{arch}-{fixup}-{k}-{name}"
                 yield pytest.param(arch, fixup, k, sizing, marks=marks, id=case_id)
 
 

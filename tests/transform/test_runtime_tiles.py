@@ -7,6 +7,8 @@ poisoned, at several M from one module; the closed forms of the lowering's view 
 static plans; the per-block buffers' sizes; ptxas resources; and the refusals.
 """
 
+import itertools
+
 import numpy as np
 import pytest
 import tvm
@@ -14,7 +16,7 @@ import tvm_ffi
 from tvm import tirx
 
 import tvm_streamk
-from tests.helpers import A100, H100
+from tests.helpers import A100, FIXUPS, H100, SM_TARGETS, with_sizings
 from tests.kernels import dlight_matmul
 from tvm_streamk import decomposition, ptxas, run_time_choice, workloads
 from tvm_streamk import pocl as pocl_backend
@@ -191,16 +193,15 @@ def test_segment_values_narrow_under_a_host_check():
 
 @pytest.mark.ptxas
 @pytest.mark.skipif(not ptxas.available(), reason="nvcc is not on PATH")
-@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-# ptxas's count, and the default estimate from the IR: at the estimated grid (no nvcc) the sm_80
-# workspace kernel takes 80 registers and an 8 B stack (4 B of spills).
-@pytest.mark.parametrize("sizing", ["ptxas", None], ids=["ptxas", "estimate"])
-def test_dlight_dynamic_kernel_resources(fixup, arch, sizing, request):
-    if sizing is None and (fixup, arch) == ("workspace", "sm_80"):
-        request.applymarker(
-            pytest.mark.xfail(strict=True, raises=AssertionError, reason="80 (64), 8 B stack")
-        )
+@pytest.mark.parametrize(
+    "fixup, arch, sizing",
+    # At the estimated grid (no nvcc) the sm_80 workspace kernel takes 80 registers and an 8 B
+    # stack (4 B of spills).
+    with_sizings(
+        itertools.product(FIXUPS, SM_TARGETS), {("workspace", "sm_80"): "80 (64), 8 B stack"}
+    ),
+)
+def test_dlight_dynamic_kernel_resources(fixup, arch, sizing):
     # Measured: data-parallel 64 registers on both; Stream-K on a run-time count 64 (atomic) and
     # 72 (workspace) on sm_80, 56 and 56 on sm_90; 96 for all four while the segments' tile and
     # panels were int64 too.

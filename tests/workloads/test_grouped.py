@@ -12,7 +12,7 @@ import tvm
 from tvm import relax, tirx
 
 import tvm_streamk
-from tests.helpers import A100, H100
+from tests.helpers import A100, H100, SIZINGS, SM_TARGETS, with_sizings
 from tvm_streamk import moe, ptxas, workloads
 from tvm_streamk import pocl as pocl_backend
 from tvm_streamk._compat import structural_walk
@@ -226,21 +226,19 @@ def test_moe_shapes_are_checked():
 @pytest.mark.ptxas
 @pytest.mark.skipif(not ptxas.available(), reason="nvcc is not on PATH")
 @pytest.mark.parametrize(
-    ("fixup", "invariant"), [("atomic", False), ("workspace", False), ("workspace", True)]
+    "fixup, invariant, arch, sizing",
+    with_sizings(
+        [
+            (fixup, invariant, arch)
+            for fixup, invariant in [("atomic", False), ("workspace", False), ("workspace", True)]
+            for arch in SM_TARGETS
+        ],
+        # At the estimated grid (no nvcc) ptxas spills the sm_90 workspace kernel: 48
+        # registers, 20 B of spills, 24 B of stack.
+        {("workspace", False, "sm_90"): "48 (48), 20 B spills"},
+    ),
 )
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize(
-    "sizing",
-    # ptxas's count, and the default estimate from the IR. At the estimated grid (no nvcc) ptxas
-    # spills the sm_90 workspace kernel: 48 registers, 20 B of spills, 24 B of stack.
-    ["ptxas", None],
-    ids=["ptxas", "estimate"],
-)
-def test_grouped_kernel_resources(fixup, invariant, arch, sizing, request):
-    if sizing is None and (fixup, invariant, arch) == ("workspace", False, "sm_90"):
-        request.applymarker(
-            pytest.mark.xfail(strict=True, raises=AssertionError, reason="48 (48), 20 B spills")
-        )
+def test_grouped_kernel_resources(fixup, invariant, arch, sizing):
     # Measured (64x64 tiles, 256 threads, sm_80 and sm_90 alike): data-parallel 48 registers;
     # Stream-K with the atomic fix-up 48 (both 64 on sm_80 while a segment's tile was int64),
     # with the workspace fix-up 64 (on sm_80: 79 while the last arriver found its peers by
@@ -301,7 +299,7 @@ def test_dlight_schedule_is_refused_with_the_reason():
 
 
 @pytest.mark.skipif(not ptxas.available(), reason="nvcc is not on PATH")
-@pytest.mark.parametrize("sizing", ["ptxas", None], ids=["ptxas", "estimate"])
+@pytest.mark.parametrize("sizing", list(SIZINGS.values()), ids=list(SIZINGS))
 def test_persistent_grid_sized_by_the_built_kernels_occupancy(sizing):
     # The data-parallel grouped kernel is built through the tvm_streamk pipeline (which lowers
     # the views) and read by ptxas: 48 registers x 256 threads leave 5 blocks per sm_80 SM. The

@@ -10,13 +10,15 @@ past 2^31 products. Outputs are poisoned before every call and compared with flo
 Oclgrind: tests/backends/test_oclgrind.py; ptxas: below (``-m ptxas``).
 """
 
+import itertools
+
 import numpy as np
 import pytest
 import tvm
 from tvm import relax, tirx
 
 import tvm_streamk
-from tests.helpers import A100, FP32_TOL, H100, OPENCL
+from tests.helpers import A100, FIXUPS, FP32_TOL, H100, OPENCL, SM_TARGETS, with_sizings
 from tvm_streamk import moe, occupancy, pocl, ptxas, workloads
 from tvm_streamk._compat import structural_walk
 from tvm_streamk.cost_model import ragged as ragged_cost
@@ -260,37 +262,16 @@ ESTIMATED_OVER_BUDGET = {
 }
 
 
-def _sizings(cases: dict):
-    """``blocks_per_sm`` of a resources test: ptxas's count, and the default estimate with the
-    ``(fixup, arch)`` cases of ``cases`` as strict xfails."""
-
-    def marks(key):
-        reason = cases.get(key)
-        return (
-            [pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)] if reason else []
-        )
-
-    return [
-        pytest.param(
-            fixup,
-            arch,
-            sizing,
-            marks=marks((fixup, arch)) if sizing is None else [],
-            id=f"{fixup}-{arch}-{sizing or 'estimate'}",
-        )
-        for fixup in ("atomic", "workspace")
-        for arch in ("sm_80", "sm_90")
-        for sizing in ("ptxas", None)
-    ]
-
-
 # Measured (64x64 tiles, 256 threads): data-parallel 46 registers on sm_80 and sm_90, 5 blocks
 # per SM. Left to ptxas's own choice the Stream-K kernel took 64 (atomic) and 72 (workspace)
 # registers on sm_80, 4 blocks; it now declares the 5 blocks of its grid
 # (transform/declare_occupancy.py) and ptxas holds it to 44 and 48 registers, no spills.
 @pytest.mark.ptxas
 @pytest.mark.skipif(not ptxas.available(), reason="nvcc is not on PATH")
-@pytest.mark.parametrize("fixup, arch, sizing", _sizings(ESTIMATED_OVER_BUDGET))
+@pytest.mark.parametrize(
+    "fixup, arch, sizing",
+    with_sizings(itertools.product(FIXUPS, SM_TARGETS), ESTIMATED_OVER_BUDGET),
+)
 def test_resources_within_the_data_parallel_budget(fixup, arch, sizing):
     target, sms = (A100, 108) if arch == "sm_80" else (H100, 132)
 
