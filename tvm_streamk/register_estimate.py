@@ -30,14 +30,17 @@ Terms, in 32-bit registers per thread:
   division or modulo by a constant that is not a power of two, up to :data:`MAX_DIVISIONS`
   (an implicit GEMM's gathers: a magic multiply each, quotient and remainder live). The
   reference schedule, neither, takes 40 registers; the implicit-GEMM convolution of the same
-  tiling, 22 such divisions, 80; dlight's vectorised fp32 matmul 64-72.
+  tiling, 22 such divisions, 80; dlight's vectorised fp32 matmul 64-72;
+* :data:`GROUP_WALK` for a kernel over ragged views (added by
+  :func:`tvm_streamk.resources.estimated_uses`, which the caller tells: the views are known to
+  the analysis, a layer above this one).
 
 Fitted (``tests/transform/test_register_estimate.py``): over every schedule source and dlight
 site of the ptxas suite, the built Stream-K kernel holds the blocks planned for, and the grid
 gives up at most two blocks per SM of ptxas's count for the data-parallel kernel (reference 5
 blocks of 256 threads against 6, dlight's fp32 matmul 6 of 128 against 7-8, the convolution
 sites 6 against 7-8, MetaSchedule's sample 5 against 5-6; implicit GEMM 3 and tensor-core 1,
-as ptxas counts).
+as ptxas counts; the grouped GEMM and ragged-K walks 3 against 5).
 
 :func:`block_threads` and :func:`buffer_bytes` read a lowered kernel's threads and buffer
 sizes for :mod:`tvm_streamk.resources` too.
@@ -55,6 +58,7 @@ from ._compat import structural_walk, with_concrete_shapes
 
 __all__ = [
     "BASE",
+    "GROUP_WALK",
     "IN_FLIGHT",
     "MAX_DIVISIONS",
     "PER_DIVISION",
@@ -75,6 +79,13 @@ PER_DIVISION = 2
 """Registers per integer division or modulo by a constant that is not a power of two."""
 MAX_DIVISIONS = 16
 MAX_REGISTERS = 255
+GROUP_WALK = 24
+"""Registers a Stream-K kernel written over ragged views (a grouped GEMM, a ragged K) takes
+beyond the estimate of its padded data-parallel kernel: its walk finds each unit's group in a
+table of the groups' tiles and keeps the group, its rows and its tile offset live through the K
+loop. Measured by ptxas (64x64 tiles, 256 threads, 8 groups, sm_80 and sm_90): the padded
+kernel's estimate 48 registers; the grouped workspace walk 64, the ragged-K walk 64-72, where
+the estimate alone planned 5 blocks per SM and the built kernels held 3-4."""
 
 
 def _prefix_passes() -> list:

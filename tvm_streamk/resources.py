@@ -153,28 +153,33 @@ def ir_uses(
     }
 
 
-def estimated_uses(mod: tvm.IRModule, target: tvm.target.Target) -> dict[str, KernelUse]:
+def estimated_uses(
+    mod: tvm.IRModule, target: tvm.target.Target, group_walk: bool = False
+) -> dict[str, KernelUse]:
     """Per function of the scheduled ``mod``, what its kernel asks of an SM, from its IR alone:
     threads and shared memory after buffer compaction and software pipelining, registers by
     :func:`tvm_streamk.register_estimate.estimate` (an upper bound; no nvcc, a few
-    milliseconds a kernel)."""
+    milliseconds a kernel), and :data:`~tvm_streamk.register_estimate.GROUP_WALK` more with
+    ``group_walk`` (a kernel over ragged views, whose walk reads a table of its groups)."""
     limits = occupancy.arch_limits(_arch(target))
-    uses = _estimated(register_estimate.lowered_prefix(mod))
+    extra = register_estimate.GROUP_WALK if group_walk else 0
+    uses = _estimated(register_estimate.lowered_prefix(mod), extra)
     if any(use.shared > limits.shared_per_block for use in uses.values()):
         # A buffer sized by a run-time extent: read the symbolic sizes instead (a buffer of
         # symbolic size is left out; only the run time knows it).
-        uses = _estimated(register_estimate.lowered_prefix(mod, concrete=False))
+        uses = _estimated(register_estimate.lowered_prefix(mod, concrete=False), extra)
     return uses
 
 
-def _estimated(lowered: tvm.IRModule) -> dict[str, KernelUse]:
+def _estimated(lowered: tvm.IRModule, extra: int) -> dict[str, KernelUse]:
     uses = {}
     for gv, func in lowered.functions.items():
         if not isinstance(func, tirx.PrimFunc):
             continue
         use = register_estimate.ir_use(func)
+        registers = min(register_estimate.MAX_REGISTERS, use.registers + extra)
         uses[gv.name_hint] = KernelUse(
-            threads=use.threads, registers=use.registers, shared=use.shared, spills=0
+            threads=use.threads, registers=registers, shared=use.shared, spills=0
         )
     return uses
 

@@ -214,7 +214,9 @@ def _decide_for_estimated_occupancy(sch: Schedule, site, request, target):
         return _one_block_per_sm(site, request, target, why)
     arch = target_arch(target)
     try:
-        uses = resources.estimated_uses(record.without_decisions(sch.mod), target)
+        uses = resources.estimated_uses(
+            record.without_decisions(sch.mod), target, group_walk=site.ragged is not None
+        )
     except Exception as err:  # noqa: BLE001 - TVM's passes fail with assorted exception types
         # A kernel TVM's lowering cannot take this far still gets a decision, as on the ptxas
         # path: one block per SM, and why.

@@ -303,7 +303,8 @@ def test_dlight_schedule_is_refused_with_the_reason():
 def test_persistent_grid_sized_by_the_built_kernels_occupancy(sizing):
     # The data-parallel grouped kernel is built through the tvm_streamk pipeline (which lowers
     # the views) and read by ptxas: 48 registers x 256 threads leave 5 blocks per sm_80 SM. The
-    # default bound from its IR (no gathers, no vectorised loop) is 48 registers too.
+    # default bound from its IR (no gathers, no vectorised loop) is 48 registers, and the walk
+    # over the groups' tiles 24 more (register_estimate.GROUP_WALK): 72 leave 3.
     kernel = moe.grouped_matmul_kernel(
         8, 512, 256, target=A100, fixup="atomic", tiles=(64, 64, 16, 4, 4), blocks_per_sm=sizing
     )
@@ -312,7 +313,7 @@ def test_persistent_grid_sized_by_the_built_kernels_occupancy(sizing):
 
     site = first_site(kernel)
     decision = ann.decode(site.block.annotations, site.block.name_hint)
-    assert (decision.num_sms, decision.blocks_per_sm) == (108, 5)
+    assert (decision.num_sms, decision.blocks_per_sm) == (108, 5 if sizing == "ptxas" else 3)
 
 
 def test_moe_token_features_are_checked():

@@ -3,10 +3,11 @@
 The walk binds its unit range, tile and panel range (``sk_lo``, ``sk_hi``, ``sk_tile``,
 ``sk_k_begin``, ...) at the top of the persistent kernel. TVM's simplifier substitutes every
 pure integer binding into its uses and leaves the binding, which the OpenCL code generator
-prints as a dead scalar. nvcc drops them; pip's PoCL 3.0 does not, and its work-group loops
-keep such values live across the K loop's barriers. With one whole tile per block (nothing
-split) the Stream-K kernel, otherwise the data-parallel kernel's line for line, ran 30%
-slower: dlight's fp32 matmul of 96 x 64 x 16384, 3 tiles on 3 blocks, 52 ms against
+prints as a dead scalar. nvcc drops them. pip's PoCL 3.0 pays for them: its work-group loops
+save values that live across a barrier once per work-item, and it seems not to drop these
+first (the mechanism is inferred; the cost is measured). With one whole tile per block
+(nothing split) the Stream-K kernel, otherwise the data-parallel kernel's line for line, ran
+30% slower: dlight's fp32 matmul of 96 x 64 x 16384, 3 tiles on 3 blocks, 52 ms against
 data-parallel's 40 ms (medians of 7 interleaved rounds); without its dead scalars 40 ms
 (``tests/transform/test_hot_loop.py::test_time_on_pip_pocl``, marked slow).
 
