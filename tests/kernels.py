@@ -259,3 +259,27 @@ class LinearBlock(nn.Module):
         x = x + mixed
         h = self.norm(x)
         return x + self.down(nn.silu(self.gate(h)) * self.up(h))
+
+
+# The project's other dlight rules at model sizes: AlexNet's first fully connected layer at
+# batch 1 (32 column tiles of 128, 144 K-panels), a 5x5 depthwise convolution (2 K-panels) and
+# ShuffleNet's grouped 1x1 convolution (4 groups): ``{name: (rule class, function)}``.
+def rule_funcs() -> dict:
+    from tvm_streamk.dlight import StreamKDepthwise, StreamKGEMV, StreamKMatmul
+
+    gemv = workloads.gemm(1, 4096, 9216)
+    depthwise = workloads.conv(
+        data_shape=(1, 136, 28, 28),
+        weight_shape=(136, 1, 5, 5),
+        layout="NCHW",
+        groups=136,
+        padding=2,
+    )
+    grouped = workloads.conv(
+        data_shape=(1, 272, 14, 14), weight_shape=(272, 68, 1, 1), layout="NCHW", groups=4
+    )
+    return {
+        "gemv": (StreamKGEMV, gemv),
+        "depthwise": (StreamKDepthwise, depthwise),
+        "grouped_conv": (StreamKMatmul, grouped),
+    }

@@ -30,7 +30,7 @@ from tvm.s_tir import Schedule
 
 import tvm_streamk
 from tests.helpers import EXTRA_REGISTERS, EXTRA_SHARED, SM_COUNTS, SM_TARGETS
-from tests.kernels import budget_schedule
+from tests.kernels import budget_schedule, rule_funcs
 from tvm_streamk import ptxas, workloads
 from tvm_streamk._compat import dlight
 
@@ -139,30 +139,7 @@ def test_run_time_grid_within_the_data_parallel_budget(shape, fixup, arch):
     assert found.shared <= base.shared + EXTRA_SHARED, (found, base)
 
 
-# The project's other dlight rules at model sizes: AlexNet's first fully connected layer at
-# batch 1 (32 column tiles of 128, 144 K-panels), a 5x5 depthwise convolution (2 K-panels) and
-# ShuffleNet's grouped 1x1 convolution (4 groups), each against the rule's data-parallel kernel.
-def _rule_funcs():
-    from tvm_streamk.dlight import StreamKDepthwise, StreamKGEMV, StreamKMatmul
-
-    gemv = workloads.gemm(1, 4096, 9216)
-    depthwise = workloads.conv(
-        data_shape=(1, 136, 28, 28),
-        weight_shape=(136, 1, 5, 5),
-        layout="NCHW",
-        groups=136,
-        padding=2,
-    )
-    grouped = workloads.conv(
-        data_shape=(1, 272, 14, 14), weight_shape=(272, 68, 1, 1), layout="NCHW", groups=4
-    )
-    return {
-        "gemv": (StreamKGEMV, gemv),
-        "depthwise": (StreamKDepthwise, depthwise),
-        "grouped_conv": (StreamKMatmul, grouped),
-    }
-
-
+# Each of rule_funcs()'s kernels against the rule's data-parallel kernel.
 RULE_DECISIONS = [
     {"policy": "stream_k", "fixup": "atomic"},
     {"policy": "stream_k", "fixup": "workspace"},
@@ -171,7 +148,7 @@ RULE_DECISIONS = [
 
 
 def _rule_resources(kind: str, arch: str, decision: dict) -> ptxas.KernelResources:
-    rule_type, func = _rule_funcs()[kind]
+    rule_type, func = rule_funcs()[kind]
     target = tvm.target.Target(SM_TARGETS[arch])
     rule = rule_type(num_sms=SM_COUNTS[arch], **decision)
     with target:

@@ -9,7 +9,9 @@ and read by ptxas. What the estimate gives up is bounded too: at most two reside
 of ptxas's count for the data-parallel kernel (measured: dlight's fp32 matmul on sm_90 and five
 convolution and contraction sites 6 blocks of 128 threads against 8; most others one block;
 implicit GEMM and tensor cores none). The walks over ragged views (grouped GEMM, ragged K) and
-a run-time tile count (dlight's dynamic M) are held to the same two bounds.
+a run-time tile count (dlight's dynamic M), and the kernels of the project's GEMV, depthwise and
+grouped-convolution rules, are held to the same two bounds; the depthwise kernel gives up more
+(a strict xfail: 7 blocks planned, 16 resident data-parallel).
 """
 
 import functools
@@ -23,7 +25,7 @@ from tests.contraction_cases import CONTRACTION_CASES
 from tests.conv_cases import CONV_CASES, CONV_EPILOGUE_CASES
 from tests.dlight_sites import matmul_site
 from tests.helpers import SM_COUNTS, SM_TARGETS
-from tests.kernels import budget_schedule, dlight_matmul
+from tests.kernels import budget_schedule, dlight_matmul, rule_funcs
 from tvm_streamk import moe, ptxas, register_estimate, resources, workloads
 from tvm_streamk._compat import Schedule, dlight, dlight_cuda_target
 from tvm_streamk.analysis import first_site
@@ -129,6 +131,36 @@ def test_the_estimated_grid_fits_the_built_walks(kind, arch, fixup):
     _, dp_held = resources.fewest_blocks(
         resources.kernel_uses(dp, target, "tvm_streamk"), arch_name
     )
+    assert planned >= dp_held.blocks - 2, (planned, dp_held)
+
+
+# Over the bound on what the estimate gives up: strict xfails, each with its measured blocks.
+# The depthwise kernel's index arithmetic divides by 55 constants that are not powers of two,
+# each once per output, not per K step as an implicit GEMM's gathers do: the estimate takes 72
+# registers where ptxas counts 32.
+RULE_GIVES_UP = {"depthwise": "7 blocks of 128 threads planned, 16 resident data-parallel"}
+
+
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+@pytest.mark.parametrize("arch", list(SM_TARGETS))
+@pytest.mark.parametrize("kind", list(rule_funcs()))
+def test_the_estimated_grid_fits_the_rules_kernels(kind, arch, fixup, request):
+    target = tvm.target.Target(SM_TARGETS[arch])
+    arch_name = str(target.attrs["arch"])
+    rule_type, func = rule_funcs()[kind]
+    rule = rule_type(num_sms=SM_COUNTS[arch], policy="stream_k", fixup=fixup)
+    with target:
+        mod = dlight.ApplyDefaultSchedule(rule)(tvm.IRModule({"main": func}))
+    ((_, _, block),) = record.decided_blocks(mod)
+    planned = record.decode(block.annotations, block.name_hint).blocks_per_sm
+    _, held = resources.fewest_blocks(resources.kernel_uses(mod, target, "tvm_streamk"), arch_name)
+    assert held.blocks >= planned, (planned, held)
+    dp = record.without_decisions(mod)
+    _, dp_held = resources.fewest_blocks(
+        resources.kernel_uses(dp, target, "tvm_streamk"), arch_name
+    )
+    if kind in RULE_GIVES_UP:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=RULE_GIVES_UP[kind]))
     assert planned >= dp_held.blocks - 2, (planned, dp_held)
 
 
