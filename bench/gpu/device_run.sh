@@ -92,7 +92,9 @@ environment() {
 if [ -n "$ARCHIVE" ]; then
     mkdir -p "$(dirname "$ARCHIVE")"
     # Between stages too: a stage killed at the command's limit keeps what it had flushed.
-    ( while sleep "$ARCHIVE_EVERY"; do archive; done ) &
+    # The loop ends with this script ($$ is its PID in the subshell too), even where a SIGKILL
+    # skips the EXIT trap: it outlived its test run once, archiving every 15 s for an hour.
+    ( while sleep "$ARCHIVE_EVERY" && kill -0 "$$" 2>/dev/null; do archive; done ) &
     ARCHIVER=$!
     trap 'kill $ARCHIVER 2>/dev/null; archive' EXIT
 fi

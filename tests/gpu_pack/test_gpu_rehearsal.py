@@ -10,6 +10,7 @@ with everything it started, a run killed in the middle keeps every finished reco
 with ``--skip-done``, and a failed smoke stops the staged command after a diagnosis.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -96,6 +97,62 @@ def _staged(pack: Path, tmp_path: Path, **env) -> tuple[Path, subprocess.Complet
         check=False,
     )
     return out, proc
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _processes_with(marker: str) -> list[int]:
+    """PIDs of this user's processes whose environment holds ``marker``."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker.encode() in environ.read_bytes():
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_killed_staged_command_leaves_no_archiver(rehearsal_pack, tmp_path):
+    # SIGKILL skips the EXIT trap that stops the archiving loop; the loop must end by itself.
+    marker = f"TVM_STREAMK_ARCHIVER_TEST={os.getpid()}-{time.monotonic_ns()}"
+    archive = tmp_path / "back" / "gpu-out.tar.gz"
+    env = _env(
+        OUT=tmp_path / "out",
+        WORK=tmp_path / "work",
+        KERNEL_TIMEOUT=KERNEL_TIMEOUT,
+        ARCHIVE=archive,
+        ARCHIVE_EVERY=1,
+    )
+    env[marker.split("=")[0]] = marker.split("=")[1]
+    proc = subprocess.Popen(
+        ["bash", str(DEVICE_RUN), f"{rehearsal_pack}.tar.gz"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while not archive.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert archive.exists(), "the archiver never wrote"
+    proc.kill()
+    proc.wait()
+
+    def archivers() -> list[int]:
+        return [p for p in _processes_with(marker) if "device_run.sh" in _cmdline(p)]
+
+    deadline = time.monotonic() + 10
+    while (left := archivers()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in _processes_with(marker):  # what the killed script left running
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"the archiving loop outlived its script: {left}"
 
 
 def test_staged_command_runs_every_stage(rehearsal_pack, tmp_path):
