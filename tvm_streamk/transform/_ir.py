@@ -549,3 +549,15 @@ def launched_kernels(func: tirx.PrimFunc) -> set[str]:
 
     structural_walk(func.body, (tvm.ir.Call, on_call))
     return names
+
+
+def launched_by(mod: tvm.IRModule, attr: str) -> dict[str, list]:
+    """For each device kernel of ``mod`` that a host function carrying ``attr`` launches, the
+    values of ``attr`` on those functions (the pipeline's passes that hand a host function's
+    mark on to its kernels once host and device code are split)."""
+    found: dict[str, list] = {}
+    for func in mod.functions.values():
+        if isinstance(func, tirx.PrimFunc) and func.attrs is not None and attr in func.attrs:
+            for name in launched_kernels(func):
+                found.setdefault(name, []).append(func.attrs[attr])
+    return found

@@ -29,7 +29,7 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
-from ._ir import launched_kernels, map_prim_funcs
+from ._ir import launched_by, map_prim_funcs
 
 # On the function LowerStreamK rewrote: the resident blocks per SM its persistent grid counts on.
 ATTR = "tvm_streamk.resident_blocks_per_sm"
@@ -53,14 +53,10 @@ def _is_cuda(func: tirx.PrimFunc) -> bool:
 def declare(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with every CUDA kernel launched by a marked function declaring its count."""
     declared: dict[str, int] = {}
-    for func in mod.functions.values():
-        if not isinstance(func, tirx.PrimFunc) or func.attrs is None or ATTR not in func.attrs:
-            continue
-        blocks = int(func.attrs[ATTR])
-        if blocks < 2:
-            continue
-        for name in launched_kernels(func):
-            declared[name] = min(blocks, declared.get(name, blocks))
+    for name, counts in launched_by(mod, ATTR).items():
+        blocks = [int(c) for c in counts if int(c) >= 2]
+        if blocks:
+            declared[name] = min(blocks)
     if not declared:
         return mod
 

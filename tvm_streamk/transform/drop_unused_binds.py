@@ -34,7 +34,7 @@ import tvm
 from tvm import tirx
 
 from .._compat import structural_map, structural_walk
-from ._ir import launched_kernels, map_prim_funcs
+from ._ir import launched_by, map_prim_funcs
 
 __all__ = [
     "ATTR",
@@ -106,12 +106,7 @@ def _marked(func: tirx.PrimFunc, attr: str) -> bool:
 
 def mark_persistent(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with :data:`ATTR` on every kernel a rewritten function launches."""
-    names = {
-        name
-        for func in mod.functions.values()
-        if isinstance(func, tirx.PrimFunc) and _marked(func, LOWERED_ATTR)
-        for name in launched_kernels(func)
-    }
+    names = launched_by(mod, LOWERED_ATTR)
     if not names:
         return mod
     return map_prim_funcs(
