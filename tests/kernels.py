@@ -36,6 +36,16 @@ def dlight_matmul(M, K, N, rule, target, dtype="float32"):
     return func
 
 
+def dynamic_m_matmul(target, k: int = 256, n: int = 192) -> tuple[Schedule, str]:
+    """dlight's schedule for ``target`` of the fp32 ``a[m, k] @ b[k, n]`` with a run-time int64
+    ``m`` (as a Relax model of a symbolic sequence length gets it), and its reduction block."""
+    func = dlight_matmul(
+        tvm.tirx.Var("m", "int64"), k, n, dlight.gpu.Matmul(), dlight_cuda_target(target)
+    )
+    sch = Schedule(func.with_attr("global_symbol", "main"))
+    return sch, first_site(sch.mod["main"]).block.name_hint
+
+
 def matmul_reference(args):
     """The float64 product of a kernel's first two arguments."""
     return args[0].astype(np.float64) @ args[1].astype(np.float64)

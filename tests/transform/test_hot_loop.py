@@ -31,9 +31,9 @@ from tvm.s_tir import Schedule
 
 import tvm_streamk
 from tests.helpers import A100, FP32_TOL, SIZINGS, SM_TARGETS
-from tests.kernels import dlight_matmul, matmul_reference
+from tests.kernels import dynamic_m_matmul, matmul_reference
 from tvm_streamk import pocl, ptxas, workloads
-from tvm_streamk._compat import dlight, dlight_cuda_target
+from tvm_streamk._compat import dlight
 from tvm_streamk.analysis import blocks_under, first_site
 from tvm_streamk.pocl.lowering import lower
 
@@ -253,11 +253,8 @@ def test_k_loop_sass(arch, case, fixup):
 def _dynamic_m(target, k: int, policy=None, fixup=None, blocks_per_sm=None) -> Schedule:
     """dlight's schedule of a matmul of a run-time M (as a Relax model of a symbolic sequence
     length gets it), with a decision when ``policy`` is given."""
-    m = tvm.tirx.Var("m", "int64")
-    func = dlight_matmul(m, k, 192, dlight.gpu.Matmul(), dlight_cuda_target(target))
-    sch = Schedule(func.with_attr("global_symbol", "main"))
+    sch, block = dynamic_m_matmul(target, k)
     if policy is not None:
-        block = first_site(sch.mod["main"]).block.name_hint
         tvm_streamk.stream_k(
             sch, block, target=target, policy=policy, fixup=fixup, blocks_per_sm=blocks_per_sm
         )

@@ -17,11 +17,10 @@ from tvm import tirx
 
 import tvm_streamk
 from tests.helpers import A100, FIXUPS, H100, SM_TARGETS, with_sizings
-from tests.kernels import dlight_matmul
+from tests.kernels import dynamic_m_matmul
 from tvm_streamk import decomposition, ptxas, run_time_choice, workloads
 from tvm_streamk import pocl as pocl_backend
-from tvm_streamk._compat import Schedule, arith, dlight, dtype_of, structural_walk
-from tvm_streamk.analysis import first_site
+from tvm_streamk._compat import Schedule, arith, dtype_of, structural_walk
 from tvm_streamk.decomposition import INT_OPS
 from tvm_streamk.errors import StreamKError
 from tvm_streamk.explain import ExplainError
@@ -31,13 +30,6 @@ SIZES = (1, 7, 100, 1000, 4097)
 
 def _reference_kernel(m="m"):
     return workloads.reference_schedule(workloads.gemm(m, 40, 56), bm=16, bn=16, bk=8, tm=2, tn=2)
-
-
-def _dlight_kernel(n: int = 192, k: int = 256, target=A100) -> tuple[Schedule, str]:
-    """dlight's padded dynamic-M matmul schedule of ``a[m, k] @ b[k, n]`` (int64 ``m``)."""
-    func = dlight_matmul(tirx.Var("m", "int64"), k, n, dlight.gpu.Matmul(), target)
-    sch = Schedule(func.with_attr("global_symbol", "main"))
-    return sch, first_site(sch.mod["main"]).block.name_hint
 
 
 def _check_every_size(sch: Schedule, sizes=SIZES) -> None:
@@ -73,7 +65,7 @@ def test_int32_shape_variable():
 
 @pytest.mark.parametrize("fixup", ["atomic", "workspace"])
 def test_dlight_padded_dynamic_m(fixup):
-    sch, block = _dlight_kernel()
+    sch, block = dynamic_m_matmul(A100)
     tvm_streamk.stream_k(
         sch, block, target=A100, num_sms=5, policy="stream_k", fixup=fixup, blocks_per_sm=1
     )
@@ -81,7 +73,7 @@ def test_dlight_padded_dynamic_m(fixup):
 
 
 def test_run_time_grid_and_run_time_tiles():
-    sch, block = _dlight_kernel(n=64, k=96)
+    sch, block = dynamic_m_matmul(A100, k=96, n=64)
     tvm_streamk.stream_k(sch, block, target=A100, num_sms="device", policy="stream_k")
     _check_every_size(sch, (1, 100, 1000))
 
@@ -206,8 +198,8 @@ def test_dlight_dynamic_kernel_resources(fixup, arch, sizing):
     # 72 (workspace) on sm_80, 56 and 56 on sm_90; 96 for all four while the segments' tile and
     # panels were int64 too.
     target, sms = (A100, 108) if arch == "sm_80" else (H100, 132)
-    dp, block = _dlight_kernel(target=target)
-    sch, _ = _dlight_kernel(target=target)
+    dp, block = dynamic_m_matmul(target)
+    sch, _ = dynamic_m_matmul(target)
     tvm_streamk.stream_k(
         sch,
         block,
@@ -248,7 +240,7 @@ def test_split_k_one_build_every_m(fixup, splits):
     """Split-K's grid is its tiles x S blocks, whatever the SM count: at a run-time tile count
     the kernel launches that many (16 panels: S = 4 takes the aligned nest, which keeps the
     band's loops, S = 3 and 5 the walk)."""
-    sch, block = _dlight_kernel()
+    sch, block = dynamic_m_matmul(A100)
     plan = tvm_streamk.stream_k(
         sch, block, target=A100, num_sms=5, policy="split_k", splits=splits, fixup=fixup
     )
@@ -278,7 +270,7 @@ def test_two_run_time_extents_are_refused():
 def test_data_parallel_leaves_the_kernel_as_written():
     # (dlight's padded schedule: TVM sizes the reference schedule's A_shared m * 8 when it is
     # built data-parallel at a run-time M, and the build fails, stock TVM as well.)
-    sch, block = _dlight_kernel(n=64, k=96)
+    sch, block = dynamic_m_matmul(A100, k=96, n=64)
     stock = tvm.compile(sch.mod, target=A100).mod.imports[0].inspect_source()
     tvm_streamk.stream_k(sch, block, target=A100, num_sms=3, policy="data_parallel")
     lib = tvm.compile(sch.mod, target=A100, tir_pipeline="tvm_streamk")
