@@ -26,11 +26,14 @@ Terms, in 32-bit registers per thread:
 * tensor-core fragments: half a warp's fragment elements over its 32 threads, as 32-bit words
   (ptxas keeps the operand fragments of one step live, not all of them);
 * the larger of two ways a kernel keeps values in flight: :data:`IN_FLIGHT` when any loop is
-  vectorised or unrolled (its loads issue together), and :data:`PER_DIVISION` per integer
-  division or modulo by a constant that is not a power of two, up to :data:`MAX_DIVISIONS`
-  (an implicit GEMM's gathers: a magic multiply each, quotient and remainder live). The
-  reference schedule, neither, takes 40 registers; the implicit-GEMM convolution of the same
-  tiling, 22 such divisions, 80; dlight's vectorised fp32 matmul 64-72;
+  vectorised or unrolled (its loads issue together), and :data:`PER_DIVISION` per distinct
+  integer division or modulo by a constant that is not a power of two of a value that changes
+  with a loop, up to :data:`MAX_DIVISIONS` (an implicit GEMM's gathers: a magic multiply each,
+  quotient and remainder live from step to step). The reference schedule, neither, takes 40
+  registers; the implicit-GEMM convolution of the same tiling, 12 such divisions (written 22
+  times), 80; dlight's vectorised fp32 matmul 64-72. A division of the thread's indices alone
+  is computed once and not counted: the depthwise rule's kernel, 2 such divisions of its 55,
+  takes 30-32;
 * :data:`GROUP_WALK` for a kernel over ragged views (added by
   :func:`tvm_streamk.resources.estimated_uses`, which the caller tells: the views are known to
   the analysis, a layer above this one).
@@ -54,7 +57,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import s_tir, tirx
 
-from ._compat import structural_walk, with_concrete_shapes
+from ._compat import structural_hash, structural_walk, with_concrete_shapes
 
 __all__ = [
     "BASE",
@@ -75,9 +78,12 @@ BASE = 32
 """Registers of every kernel beyond its buffers: indices, pointers, loop counters, the walk."""
 IN_FLIGHT = 32
 """Registers of loads in flight in a kernel with vectorised or unrolled loops."""
-PER_DIVISION = 2
-"""Registers per integer division or modulo by a constant that is not a power of two."""
-MAX_DIVISIONS = 16
+PER_DIVISION = 3
+"""Registers per distinct integer division or modulo by a constant that is not a power of two,
+of a value that changes with a loop. Fitted to the implicit-GEMM convolution: its 12 such
+divisions, capped at :data:`MAX_DIVISIONS`, read as the 30 registers that with its buffers and
+the base make ptxas's 80 (two per division, before they were counted once each, read 24)."""
+MAX_DIVISIONS = 10
 MAX_REGISTERS = 255
 GROUP_WALK = 24
 """Registers a Stream-K kernel written over ragged views (a grouped GEMM, a ragged K) takes
@@ -141,7 +147,8 @@ class IRUse:
     local_words, fragment_words : float
         Per thread: register buffers and tensor-core fragments, in 32-bit words.
     divisions : int
-        Integer divisions and modulos by constants that are not powers of two.
+        Distinct integer divisions and modulos by constants that are not powers of two, of
+        values that change with a loop.
     in_flight : bool
         Whether any loop is vectorised or unrolled.
     """
@@ -183,18 +190,41 @@ def block_threads(func: tirx.PrimFunc) -> int:
     return math.prod(extents.values()) if extents else 1
 
 
+def _loop_divisions(divisions: list, loop_vars: list) -> int:
+    """The distinct ``divisions`` whose dividend changes with a loop of the kernel (thread
+    bindings are launch attributes by then, so every loop is one a thread runs).
+
+    The code generator computes an expression written many times once, and a division of the
+    thread's indices alone once per thread: neither keeps values in flight from step to step
+    as a gather does (a depthwise kernel writes its 6 distinct divisions 55 times, 2 of them
+    by a loop variable)."""
+
+    def in_loop(division) -> bool:
+        found = [False]
+
+        def on_var(var) -> None:
+            found[0] = found[0] or any(var.same_as(loop_var) for loop_var in loop_vars)
+
+        structural_walk(division.a, (tirx.Var, on_var))
+        return found[0]
+
+    return len({structural_hash(d) for d in divisions if in_loop(d)})
+
+
 def ir_use(func: tirx.PrimFunc) -> IRUse:
     """The :class:`IRUse` of one function of :func:`lowered_prefix`'s module."""
     allocs = []
-    divisions = [0]
+    loop_vars = []
+    divisions = []
     in_flight = [False]
 
     def on_division(node) -> None:
         divisor = node.b
         if isinstance(divisor, tirx.IntImm) and int(divisor.value) & (int(divisor.value) - 1):
-            divisions[0] += 1
+            divisions.append(node)
 
     def on_loop(node) -> None:
+        loop_vars.append(node.loop_var)
         if node.kind in (tirx.ForKind.VECTORIZED, tirx.ForKind.UNROLLED):
             in_flight[0] = True
 
@@ -223,7 +253,7 @@ def ir_use(func: tirx.PrimFunc) -> IRUse:
         shared=shared,
         local_words=local,
         fragment_words=fragment,
-        divisions=divisions[0],
+        divisions=_loop_divisions(divisions, loop_vars),
         in_flight=in_flight[0],
     )
 
