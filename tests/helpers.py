@@ -4,7 +4,12 @@ One home for each: a test module imports these by name and never defines its own
 imports another test module's private helpers (shared kernels are in :mod:`tests.kernels`).
 """
 
+import json
+import os
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -119,3 +124,54 @@ def conv_reference_for(kwargs: dict):
 
     geometry = {k: v for k, v in kwargs.items() if k not in ("data_shape", "weight_shape")}
     return lambda args: workloads.conv_reference(args, **geometry)
+
+
+# A child process of on_first_executor_that_builds: the function's JSON result, on its last line.
+_CHILD = """
+import importlib, json, sys
+from tvm_streamk import pocl
+module, name, key = sys.argv[1:]
+with pocl.use(key):
+    result = getattr(importlib.import_module(module), name)()
+print("RESULT " + json.dumps(result))
+"""
+
+
+def on_first_executor_that_builds(function: str, keys, timeout: int = 1800):
+    """``(key, result, crashes)``: ``function`` ("module:name", no arguments, a JSON result)
+    run in a fresh Python process on each OpenCL executor of ``keys`` in turn, until one
+    returns; ``crashes`` says which executors died before it, and where.
+
+    pip's PoCL 3.0-rc2 segfaults compiling some kernels MetaSchedule samples: an LLVM crash in
+    its work-group compiler (``pocl::VariableUniformityAnalysis::markInductionVariables``),
+    on kernels that depend on the CPU it compiles for (seed 8's first M = 7 candidate of
+    ``tests/integrations/test_meta_schedule_invariance.py`` on an Intel Xeon; seed 7's third on
+    an AMD EPYC), and it aborts on others. Either takes the whole process, so it is met in a
+    child: one killed by a signal moves on to the next executor. ``function`` reports progress
+    on stderr ("building ..."), so a crash names the kernel it was building. A child that fails
+    otherwise (an exception, a wrong result) fails the calling test with its output.
+    """
+    module, name = function.split(":")
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
+    crashes = []
+    for key in keys:
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD, module, name, key],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            timeout=timeout,
+        )
+        if done.returncode < 0:
+            last = [line for line in done.stderr.splitlines() if line.startswith("building ")]
+            where = last[-1] if last else "before building a kernel"
+            crashes.append(f"{key}: {signal.Signals(-done.returncode).name} {where}")
+            continue
+        if done.returncode != 0:
+            pytest.fail(f"{function} on {key} failed:\n{done.stderr[-4000:]}", pytrace=False)
+        result = done.stdout.strip().splitlines()[-1]
+        assert result.startswith("RESULT "), done.stdout[-2000:]
+        return key, json.loads(result[len("RESULT ") :]), crashes
+    pytest.fail(f"{function}: every executor crashed: {crashes}", pytrace=False)
