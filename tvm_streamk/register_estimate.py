@@ -199,16 +199,19 @@ def _loop_divisions(divisions: list, loop_vars: list) -> int:
     as a gather does (a depthwise kernel writes its 6 distinct divisions 55 times, 2 of them
     by a loop variable)."""
 
+    loops = {loop_var.__chandle__() for loop_var in loop_vars}
+    distinct = {structural_hash(d): d for d in divisions}
+
     def in_loop(division) -> bool:
         found = [False]
 
         def on_var(var) -> None:
-            found[0] = found[0] or any(var.same_as(loop_var) for loop_var in loop_vars)
+            found[0] = found[0] or var.__chandle__() in loops
 
         structural_walk(division.a, (tirx.Var, on_var))
         return found[0]
 
-    return len({structural_hash(d) for d in divisions if in_loop(d)})
+    return sum(1 for d in distinct.values() if in_loop(d))
 
 
 def ir_use(func: tirx.PrimFunc) -> IRUse:
