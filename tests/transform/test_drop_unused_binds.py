@@ -58,11 +58,12 @@ def test_only_unread_pure_bindings_go():
         chained: T.let[T.int32] = A[1] + 1
         unread: T.let[T.int32] = chained * 3  # noqa: F841
         kept: T.let[T.int32] = A[2] + 5
+        selected: T.let[T.int32] = T.if_then_else(A[1] > 0, A[1], 0)  # noqa: F841
         called: T.let[T.int32] = T.call_extern("int32", "side_effect", A[3])  # noqa: F841
         A[0] = kept
 
     script = drop_unused_binds(func).script()
-    for name in ("unused", "chained", "unread"):
+    for name in ("unused", "chained", "unread", "selected"):
         assert f"{name}: T.let" not in script, script
     for name in ("kept", "called"):
         assert f"{name}: T.let" in script, script

@@ -17,8 +17,8 @@ evaluate the walk's closed forms from them, ``tests/transform/test_index_width.p
 - :func:`mark_persistent` (in the pipeline, once host and device code are split): the kernels
   launched by a function ``LowerStreamK`` rewrote (:data:`LOWERED_ATTR`) get :data:`ATTR`.
 - :data:`DropUnusedBinds` (first of the device finalization): in the marked kernels, a binding
-  is dropped when its variable is read nowhere and its value calls nothing (arithmetic on
-  variables and constants: nothing to keep for its effect), until no more go.
+  is dropped when its variable is read nowhere and its value calls nothing that acts
+  (arithmetic, ``if_then_else``, reads: nothing to keep for its effect), until no more go.
 
 It runs before TVM's own finalization, whose ``StmtSimplify`` then inlines the common
 subexpressions TVM's CSE pass bound (``cse_v1``, ...) and leaves those bindings dead in every
@@ -51,11 +51,20 @@ LOWERED_ATTR = "tvm_streamk.persistent"
 ATTR = "tvm_streamk.persistent_kernel"
 
 
+# A call at most this effectful can go unread: it reads state at most (TVM removes an unread let
+# by the same line). ``if_then_else`` is pure, ``likely`` an annotation; an extern, an
+# atomic or a call to another function may act.
+_DROPPABLE = int(tirx.CallEffectKind.ReadState.value)
+
+
 def _calls(expr) -> bool:
+    """Whether ``expr`` calls anything that may act (an effect beyond reading)."""
     found = [False]
 
-    def on_call(_call) -> None:
-        found[0] = True
+    def on_call(call) -> None:
+        op = call.op
+        effect = op.get_attr("TCallEffectKind") if isinstance(op, tvm.ir.Op) else None
+        found[0] = found[0] or effect is None or int(effect) > _DROPPABLE
 
     structural_walk(expr, (tvm.ir.Call, on_call))
     return found[0]
