@@ -18,7 +18,7 @@ from tvm import tirx
 import tvm_streamk
 from tests.helpers import A100, FIXUPS, H100, SM_TARGETS, with_sizings
 from tests.kernels import dynamic_m_matmul
-from tvm_streamk import decomposition, ptxas, run_time_choice, workloads
+from tvm_streamk import decomposition, ptxas, resources, run_time_choice, workloads
 from tvm_streamk import pocl as pocl_backend
 from tvm_streamk._compat import Schedule, arith, dtype_of, structural_walk
 from tvm_streamk.decomposition import INT_OPS
@@ -186,21 +186,18 @@ def test_segment_values_narrow_under_a_host_check():
 @pytest.mark.ptxas
 @pytest.mark.skipif(not ptxas.available(), reason="nvcc is not on PATH")
 @pytest.mark.parametrize(
-    "fixup, arch, sizing",
-    # At the estimated grid (no nvcc) the sm_80 workspace kernel takes 80 registers and an 8 B
-    # stack (4 B of spills).
-    with_sizings(
-        itertools.product(FIXUPS, SM_TARGETS), {("workspace", "sm_80"): "80 (64), 8 B stack"}
-    ),
+    "fixup, arch, k, sizing", with_sizings(itertools.product(FIXUPS, SM_TARGETS, (256, 3072)))
 )
-def test_dlight_dynamic_kernel_resources(fixup, arch, sizing):
-    # Measured: data-parallel 64 registers on both; Stream-K on a run-time count 64 (atomic) and
-    # 72 (workspace) on sm_80, 56 and 56 on sm_90; 96 for all four while the segments' tile and
-    # panels were int64 too.
+def test_dlight_dynamic_kernel_resources(fixup, arch, k, sizing):
+    # Measured: data-parallel 64 registers on both; Stream-K 72 (atomic) and 80 (workspace) on
+    # sm_80, 56-72 on sm_90. While the walk's tile and panel range were inlined into each use,
+    # the atomic kernel at K = 3072 (GPT-2's fc_proj, 192 panels) on sm_80 took 112 registers
+    # and held 4 blocks of the 6 the estimated grid counts on, and the workspace kernel had an
+    # 8 B stack; 96 for all four while the segments' tile and panels were int64 too.
     target, sms = (A100, 108) if arch == "sm_80" else (H100, 132)
-    dp, block = dynamic_m_matmul(target)
-    sch, _ = dynamic_m_matmul(target)
-    tvm_streamk.stream_k(
+    dp, block = dynamic_m_matmul(target, k)
+    sch, _ = dynamic_m_matmul(target, k)
+    plan = tvm_streamk.stream_k(
         sch,
         block,
         target=target,
@@ -209,16 +206,15 @@ def test_dlight_dynamic_kernel_resources(fixup, arch, sizing):
         fixup=fixup,
         blocks_per_sm=sizing,
     )
-
-    def report(s):
-        lib = tvm.compile(s.mod, target=target, tir_pipeline="tvm_streamk")
-        return ptxas.resources(lib.mod.imports[0].inspect_source(), arch)
-
-    base = max(report(dp).values(), key=lambda k: k.registers)
-    for name, kernel in report(sch).items():
-        assert kernel.spills == 0 and kernel.stack == 0, (name, kernel)
-        assert kernel.shared <= base.shared + 1024, (name, kernel, base)
-        assert kernel.registers <= base.registers + 16, (name, kernel, base)
+    base = max(resources.kernel_uses(dp.mod, target).values(), key=lambda use: use.registers)
+    uses = resources.kernel_uses(sch.mod, target, "tvm_streamk")
+    for name, use in uses.items():
+        assert use.spills == 0 and use.stack == 0, (name, use)
+        assert use.shared <= base.shared + 1024, (name, use, base)
+        assert use.registers <= base.registers + 16, (name, use, base)
+    # Every block of the persistent grid is resident at once.
+    _, held = resources.fewest_blocks(uses, arch)
+    assert held.blocks >= plan.blocks_per_sm, (held, plan)
 
 
 def test_policies_without_run_time_closed_forms_are_refused():

@@ -300,6 +300,8 @@ def _persistent_nest(
         panels=var("sk_tile_panels", own) if _ragged_k(site) else None,
     )
     tile, k0, k1 = seg.tile, seg.k_begin, seg.k_end
+    # A run-time tile count's walk reads its ranges back through registers (over_units, walk).
+    opaque_range = site.runtime_tiles and site.ragged is None
     band_body = tile_body
     tile_body = _ranged(tile_body, site, seg, fixup, strip, k1 - k0)
 
@@ -340,6 +342,7 @@ def _persistent_nest(
         # sm_80: 72 registers, 96 with the sum narrowed).
         first = tirx.floordiv(lo, panels)
         count = cast_to(own, tirx.floordiv(hi + (panels - 1), panels) - first)
+        first_tile, reads = cast_to(own, first), []
         if panels == 1:
             # A tile of one panel is one iteration: every segment covers its whole tile. The
             # forms below give the same values, but through the narrowing casts of int64
@@ -352,13 +355,36 @@ def _persistent_nest(
             # indices move with the panel loop and keep their size
             # (tests/transform/test_one_panel_shared.py).
             k_begin, k_end = int_imm(0, own), int_imm(1, own)
+        elif opaque_range:
+            # A run-time tile count's range is wide (int64). StmtSimplify inlines the segment's
+            # tile and panel range into each of their uses (34 in dlight's run-time-M matmul)
+            # as arithmetic on it, and what ptxas made of that depended on the panel count:
+            # on sm_80 the atomic kernel took 112 registers at K = 3072 (192 panels), holding
+            # 4 resident blocks of the 6 the estimated grid counts on, 72 at K = 1024; the
+            # workspace kernel 80 and an 8 B stack at any K. So the unit's first tile, its
+            # offset into that tile, its end past the tile's start and its segment count are
+            # read back through registers once a unit, and a segment's range is arithmetic on
+            # them: 72 and 80 registers, no stack, at K = 256 to 4096
+            # (tests/transform/test_runtime_tiles.py). The count too: as the loop's bound it
+            # kept the range alive (95 registers at K = 3072 without it). The price is on
+            # sm_90: ptxas builds the workspace kernel in 56 registers and recomputes panel
+            # addresses in its K loop, 1.41 SASS instructions per FMA against 1.29 before and
+            # data-parallel's 1.25 (K = 1024; within tests/transform/test_hot_loop.py's 15%).
+            start = cast_to(dtype, first) * panels
+            first_tile, first_reads = opaque_bind("sk_first_tile", first, own, 0)
+            offset, offset_reads = opaque_bind("sk_first_panel", lo - start, own, 0, panels - 1)
+            past, past_reads = opaque_bind("sk_past_first", hi - start, dtype, 0)
+            reads = [*first_reads, *offset_reads, *past_reads]
+            passed = cast_to(dtype, seg.index) * panels
+            k_begin = cast_to(own, tirx.max(cast_to(dtype, offset) - passed, 0))
+            k_end = cast_to(own, tirx.min(past - passed, panels))
         else:
             start = cast_to(dtype, tile) * panels
             k_begin = cast_to(own, tirx.max(lo - start, 0))
             k_end = cast_to(own, tirx.min(hi - start, panels))
         segment = seq(
             [
-                tirx.Bind(tile, cast_to(own, first) + seg.index),
+                tirx.Bind(tile, first_tile + seg.index),
                 tirx.Bind(k0, k_begin),
                 tirx.Bind(k1, k_end),
                 *tile_space.coordinates(site, tile, decision.group or None),
@@ -370,7 +396,12 @@ def _persistent_nest(
         # The trip count holds a Select only where a range can be empty: barriers sit inside
         # this loop, and some OpenCL compilers (PoCL) mishandle them under a selected bound.
         extent = tirx.Select(lo < hi, count, int_imm(0, own)) if may_be_empty else count
-        return tirx.For(seg.index, int_imm(0, own), extent, tirx.ForKind.SERIAL, segment)
+        if reads:
+            extent, extent_reads = opaque_bind("sk_segments", extent, own, 0)
+            reads += extent_reads
+        return seq(
+            [*reads, tirx.For(seg.index, int_imm(0, own), extent, tirx.ForKind.SERIAL, segment)]
+        )
 
     grid = int_imm(plan.grid, dtype) if device_grid is None else device_grid
     walker = walk if chunked is None else chunk_walk
@@ -386,7 +417,7 @@ def _persistent_nest(
         walker,
         device_grid,
         idle=site.ragged is not None,
-        opaque_range=site.runtime_tiles and site.ragged is None,
+        opaque_range=opaque_range,
     )
     # Keep the schedule's own annotations of the tile band (unroll pragmas, for instance).
     return bound_loop(seg.block, grid, seq([units, zeros]), annotations=site.band[0].annotations)
