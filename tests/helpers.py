@@ -16,6 +16,8 @@ import pytest
 import tvm
 import tvm_ffi
 
+from tvm_streamk import resources
+
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 EXPECTED_IR = TESTS / "expected_ir"
@@ -68,6 +70,14 @@ def with_sizings(cases, over_budget_when_estimated: dict | None = None) -> list:
                 )
             )
     return params
+
+
+def assert_grid_resident(uses: dict, arch: str, planned: int) -> None:
+    """Every block of a persistent grid planned at ``planned`` blocks per SM is resident at
+    once: ptxas's count for the kernels ``uses`` (``resources.kernel_uses``) holds that many,
+    or the last blocks would wait for a second wave."""
+    _, held = resources.fewest_blocks(uses, arch)
+    assert held.blocks >= planned, (planned, held, uses)
 
 
 # Pages of docs/ whose snippets need a device the default suite does not install: their own

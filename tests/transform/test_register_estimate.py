@@ -24,7 +24,7 @@ import tvm_streamk
 from tests.contraction_cases import CONTRACTION_CASES
 from tests.conv_cases import CONV_CASES, CONV_EPILOGUE_CASES
 from tests.dlight_sites import matmul_site
-from tests.helpers import SM_COUNTS, SM_TARGETS
+from tests.helpers import SM_COUNTS, SM_TARGETS, assert_grid_resident
 from tests.kernels import budget_schedule, dynamic_m_matmul, rule_funcs
 from tvm_streamk import moe, ptxas, register_estimate, resources, workloads
 from tvm_streamk._compat import dlight
@@ -82,9 +82,7 @@ def _check_grid(mod, dp, target, gives_up: str | None = None, request=None) -> N
     ((_, _, block),) = record.decided_blocks(mod)
     planned = record.decode(block.annotations, block.name_hint).blocks_per_sm
     arch_name = str(target.attrs["arch"])
-    built = resources.kernel_uses(mod, target, "tvm_streamk")
-    _, held = resources.fewest_blocks(built, arch_name)
-    assert held.blocks >= planned, (planned, held, built)
+    assert_grid_resident(resources.kernel_uses(mod, target, "tvm_streamk"), arch_name, planned)
     dp_uses = resources.kernel_uses(dp, target, "tvm_streamk")
     _, dp_held = resources.fewest_blocks(dp_uses, arch_name)
     if gives_up is not None:

@@ -16,7 +16,7 @@ import tvm_ffi
 from tvm import tirx
 
 import tvm_streamk
-from tests.helpers import A100, FIXUPS, H100, SM_TARGETS, with_sizings
+from tests.helpers import A100, FIXUPS, H100, SM_TARGETS, assert_grid_resident, with_sizings
 from tests.kernels import dynamic_m_matmul
 from tvm_streamk import decomposition, ptxas, resources, run_time_choice, workloads
 from tvm_streamk import pocl as pocl_backend
@@ -213,8 +213,7 @@ def test_dlight_dynamic_kernel_resources(fixup, arch, k, sizing):
         assert use.shared <= base.shared + 1024, (name, use, base)
         assert use.registers <= base.registers + 16, (name, use, base)
     # Every block of the persistent grid is resident at once.
-    _, held = resources.fewest_blocks(uses, arch)
-    assert held.blocks >= plan.blocks_per_sm, (held, plan)
+    assert_grid_resident(uses, arch, plan.blocks_per_sm)
 
 
 def test_policies_without_run_time_closed_forms_are_refused():

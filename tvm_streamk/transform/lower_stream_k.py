@@ -343,6 +343,7 @@ def _persistent_nest(
         first = tirx.floordiv(lo, panels)
         count = cast_to(own, tirx.floordiv(hi + (panels - 1), panels) - first)
         first_tile, reads = cast_to(own, first), []
+        read_back = opaque_range and panels > 1
         if panels == 1:
             # A tile of one panel is one iteration: every segment covers its whole tile. The
             # forms below give the same values, but through the narrowing casts of int64
@@ -355,7 +356,7 @@ def _persistent_nest(
             # indices move with the panel loop and keep their size
             # (tests/transform/test_one_panel_shared.py).
             k_begin, k_end = int_imm(0, own), int_imm(1, own)
-        elif opaque_range:
+        elif read_back:
             # A run-time tile count's range is wide (int64). StmtSimplify inlines the segment's
             # tile and panel range into each of their uses (34 in dlight's run-time-M matmul)
             # as arithmetic on it, and what ptxas made of that depended on the panel count:
@@ -396,7 +397,7 @@ def _persistent_nest(
         # The trip count holds a Select only where a range can be empty: barriers sit inside
         # this loop, and some OpenCL compilers (PoCL) mishandle them under a selected bound.
         extent = tirx.Select(lo < hi, count, int_imm(0, own)) if may_be_empty else count
-        if reads:
+        if read_back:
             extent, extent_reads = opaque_bind("sk_segments", extent, own, 0)
             reads += extent_reads
         return seq(
