@@ -160,7 +160,9 @@ def rewrite(
     if aligned:
         main = _aligned_nest(site, plan, fixup, strip, tile_body)
     else:
-        main = _persistent_nest(site, plan, decision, fixup, strip, tile_body, device_grid, chunked)
+        main = _persistent_nest(
+            site, plan, decision, fixup, strip, tile_body, device_grid, chunked, whole_tiles
+        )
     nests = [tile_space.group_offsets_kernel(site), fixup.prologue(), main, fixup.epilogue()]
     if device_grid is not None:
         persistent = _bind_runtime_grid(
@@ -282,7 +284,7 @@ def _bind_runtime_grid(
 
 
 def _persistent_nest(
-    site, plan, decision, fixup, strip, tile_body, device_grid=None, chunked=None
+    site, plan, decision, fixup, strip, tile_body, device_grid=None, chunked=None, whole_tiles=False
 ) -> tirx.Stmt:
     panels = site.panels
     # Blocks and ranges in the type their largest intermediate needs; the segment values
@@ -300,8 +302,21 @@ def _persistent_nest(
         panels=var("sk_tile_panels", own) if _ragged_k(site) else None,
     )
     tile, k0, k1 = seg.tile, seg.k_begin, seg.k_end
-    # A run-time tile count's walk reads its ranges back through registers (over_units, walk).
+    # A run-time tile count's walk reads its ranges back through registers (over_units, walk):
+    # a block's range, and a run-time M's segment range.
     opaque_range = site.runtime_tiles and site.ragged is None
+    # A grouped GEMM's Stream-K walk reads back its block's range only. Its value, the
+    # iterations times the block over a grid computed from the tile count, inlined into every
+    # use: TVM's CompactBufferAllocation took 38 s to bound the workspace's accesses by it
+    # (the batch-invariant kernel; 5 s the workspace kernel), and ptxas spilled the sm_90
+    # workspace kernel (48 registers, 56 B of spills); read back, 0.4 s and 60 registers, the
+    # panel loop 205 SASS instructions against 222. With its segments' range too the panel
+    # loops grew (data-parallel 233 against 198), and the data-parallel walk keeps its inlined
+    # range (``whole_tiles``; 218 against 198 read back). A ragged reduction reads back
+    # neither: with the block's range read back ptxas spilled its sm_90 workspace kernel (72 B).
+    opaque_units = opaque_range or (
+        site.ragged is not None and not _ragged_k(site) and not whole_tiles
+    )
     band_body = tile_body
     tile_body = _ranged(tile_body, site, seg, fixup, strip, k1 - k0)
 
@@ -418,7 +433,7 @@ def _persistent_nest(
         walker,
         device_grid,
         idle=site.ragged is not None,
-        opaque_range=opaque_range,
+        opaque_range=opaque_units,
     )
     # Keep the schedule's own annotations of the tile band (unroll pragmas, for instance).
     return bound_loop(seg.block, grid, seq([units, zeros]), annotations=site.band[0].annotations)
