@@ -307,10 +307,11 @@ def _persistent_nest(
     opaque_range = site.runtime_tiles and site.ragged is None
     # A grouped GEMM's Stream-K walk reads back its block's range only. Its value, the
     # iterations times the block over a grid computed from the tile count, inlined into every
-    # use: TVM's CompactBufferAllocation took 38 s to bound the workspace's accesses by it
-    # (the batch-invariant kernel; 5 s the workspace kernel), and ptxas spilled the sm_90
-    # workspace kernel (48 registers, 56 B of spills); read back, 0.4 s and 60 registers, the
-    # panel loop 205 SASS instructions against 222. With its segments' range too the panel
+    # use: TVM's CompactBufferAllocation, bounding each access indexed by a segment's tile
+    # (workspace slots, counters, the group search), took 38 s on the batch-invariant kernel
+    # (5 s on the workspace kernel), and ptxas spilled the sm_90 workspace kernel (48
+    # registers, 56 B of spills); read back, 0.4 s and 60 registers, the panel loop 205 SASS
+    # instructions against 222. With its segments' range too the panel
     # loops grew (data-parallel 233 against 198), and the data-parallel walk keeps its inlined
     # range (``whole_tiles``; 218 against 198 read back). A ragged reduction reads back
     # neither: with the block's range read back ptxas spilled its sm_90 workspace kernel (72 B).
