@@ -311,13 +311,11 @@ def _persistent_nest(
     # (workspace slots, counters, the group search), took 38 s on the batch-invariant kernel
     # (5 s on the workspace kernel), and ptxas spilled the sm_90 workspace kernel (48
     # registers, 56 B of spills); read back, 0.4 s and 60 registers, the panel loop 205 SASS
-    # instructions against 222. With its segments' range too the panel
-    # loops grew (data-parallel 233 against 198), and the data-parallel walk keeps its inlined
-    # range (``whole_tiles``; 218 against 198 read back). A ragged reduction reads back
-    # neither: with the block's range read back ptxas spilled its sm_90 workspace kernel (72 B).
-    opaque_units = opaque_range or (
-        site.ragged is not None and not _ragged_k(site) and not whole_tiles
-    )
+    # instructions against 222. With its segments' range too the panel loops grew
+    # (data-parallel 233 against 198), and the data-parallel walk keeps its inlined range
+    # (``whole_tiles``; 218 against 198 read back). A ragged reduction reads back neither: with
+    # the block's range read back ptxas spilled its sm_90 workspace kernel (72 B).
+    opaque_units = site.runtime_tiles and not _ragged_k(site) and not whole_tiles
     band_body = tile_body
     tile_body = _ranged(tile_body, site, seg, fixup, strip, k1 - k0)
 
