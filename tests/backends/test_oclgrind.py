@@ -12,6 +12,11 @@ against float64 numpy (fp32 accumulation within 1e-5 relative to the largest out
 are small: the simulator runs every work-item.
 """
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tvm
@@ -38,8 +43,8 @@ from tests.kernels import (
 )
 from tvm_streamk import workloads
 from tvm_streamk._compat import dlight
+from tvm_streamk.pocl import device, oclgrind
 from tvm_streamk.pocl import lowering as pocl_lowering
-from tvm_streamk.pocl import oclgrind
 
 pytestmark = [pytest.mark.oclgrind, pytest.mark.usefixtures("oclgrind")]
 
@@ -169,6 +174,42 @@ def test_an_out_of_bounds_read_fails():
         oclgrind.check(_reads_past_its_input, *args)
 
 
+_CHILD = """
+import os
+from tvm_streamk.pocl import device
+device.with_fresh_context("oclgrind")  # Oclgrind opens its log for the new context
+print(os.environ["OCLGRIND_LOG"])
+"""
+
+
+def _child_log(env):
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_each_process_logs_to_a_file_of_its_own(tmp_path):
+    # Oclgrind truncates OCLGRIND_LOG whenever it creates a context and then writes at its own
+    # offset, and the suite's xdist workers inherit the controller's environment: on one shared
+    # file a check read another worker's reports or a torn fragment of one (a CI run failed on
+    # "1 problem ... (no source line)"). A process started from this one, as a worker is from
+    # the controller, must log elsewhere and leave this process's reports alone.
+    with pytest.raises(oclgrind.OclgrindReportError, match="Invalid read"):
+        oclgrind.check(_reads_past_its_input, np.ones(64, np.float32), np.zeros(64, np.float32))
+    ours = Path(os.environ["OCLGRIND_LOG"])
+    before = ours.read_bytes()
+    assert b"Invalid read" in before
+    assert _child_log(dict(os.environ)) != str(ours)
+    assert ours.read_bytes() == before
+    # A log the user names is theirs, inherited or not.
+    user = tmp_path / "user.log"
+    env = {k: v for k, v in os.environ.items() if k != device._CHOSEN_LOG}
+    assert _child_log({**env, "OCLGRIND_LOG": str(user)}) == str(user)
+    assert user.exists()
+
+
 def test_documented_handoffs_are_the_only_accepted_reports():
     source = "\n".join(
         [
@@ -275,8 +316,6 @@ def _uninitialised_reports(executor, n):
     """Reports of a kernel that writes a never-host-written buffer before reading it."""
     import pyopencl as cl
 
-    from tvm_streamk.pocl import device
-
     program = cl.Program(executor.context, _WRITE_THEN_READ).build(
         options=list(executor.build_options)
     )
@@ -294,8 +333,6 @@ def test_each_check_has_its_own_shadow_memory():
     # Oclgrind 21.10 keeps a released buffer's shadow for the next buffer of its index: on one
     # context, a longer scratch after a short one reads back its own stores as uninitialised.
     # check() therefore runs on a fresh context (device.with_fresh_context).
-    from tvm_streamk.pocl import device
-
     shared = device.with_fresh_context("oclgrind")
     assert _uninitialised_reports(shared, 4) == []
     stale = _uninitialised_reports(shared, 256)

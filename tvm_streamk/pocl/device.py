@@ -18,10 +18,11 @@ installed and neither ``OCL_ICD_VENDORS`` nor ``OPENCL_VENDOR_PATH`` is set, thi
 ``OCL_ICD_VENDORS`` at a folder listing the system's ICDs plus Oclgrind's before the platforms
 are first enumerated, so all implementations are visible in one process (pyopencl's own PoCL is
 found by its bundled loader either way). It also asks Oclgrind to report uninitialised values
-and data races without a cap on their number, and to log to a file that
-:func:`oclgrind_reports` reads (its API checker is left off: pyopencl's device queries trip
-it). PoCL's own variables (``POCL_MAX_PTHREAD_COUNT``, ...) are left to the user and must be set
-before the first call.
+and data races without a cap on their number (its API checker is left off: pyopencl's device
+queries trip it). Oclgrind logs to a file of this process's own that :func:`oclgrind_reports`
+reads, unless ``OCLGRIND_LOG`` names the user's: two processes running Oclgrind at once must
+not share one (:func:`_own_oclgrind_log`). PoCL's own variables (``POCL_MAX_PTHREAD_COUNT``,
+...) are left to the user and must be set before the first call.
 """
 
 from __future__ import annotations
@@ -161,11 +162,33 @@ def _expose_oclgrind() -> None:
     os.environ.setdefault("OCLGRIND_DATA_RACES", "1")
     # The cap counts over the whole process and would silence reports after the accepted ones.
     os.environ.setdefault("OCLGRIND_MAX_ERRORS", str(2**31 - 1))
-    os.environ.setdefault("OCLGRIND_LOG", os.path.join(folder, "oclgrind.log"))
     # One simulator thread: with several, two work-groups' reports can interleave in the log
     # (a run-time split-K check once read a report whose first line was "(0,0,0)"), and the
     # suite's two workers keep both cores busy anyway (the same CPU time, measured).
     os.environ.setdefault("OCLGRIND_NUM_THREADS", "1")
+
+
+# The log this module chose for Oclgrind, so that a process it starts can tell an inherited
+# choice (replaced) from the user's own ``OCLGRIND_LOG`` (kept).
+_CHOSEN_LOG = "TVM_STREAMK_OCLGRIND_LOG"
+
+
+def _own_oclgrind_log() -> None:
+    """Give this process an Oclgrind log of its own, unless the user named one.
+
+    Oclgrind opens ``OCLGRIND_LOG`` afresh (truncating it) for every context it creates and
+    writes at its own file offset. Two processes on one file, such as the test suite's xdist
+    workers that inherit the controller's environment, truncate and overwrite each other's
+    reports: a check then read another worker's report, or a torn fragment of one (a problem
+    with no kind and no source line). The variable is read when a context is created, so it is
+    set here, before the probe creates this process's first one.
+    """
+    chosen = os.environ.get("OCLGRIND_LOG")
+    if chosen and chosen != os.environ.get(_CHOSEN_LOG):
+        return
+    path = os.path.join(tempfile.mkdtemp(prefix="tvm_streamk_oclgrind_"), "oclgrind.log")
+    os.environ["OCLGRIND_LOG"] = path
+    os.environ[_CHOSEN_LOG] = path
 
 
 def _key(platform_name: str, version: str) -> str:
@@ -207,6 +230,7 @@ def _probe(cl, dev) -> tuple[str | None, tuple]:
 def executors() -> tuple[Executor, ...]:
     """Every OpenCL CPU implementation of this process, probed, in the loader's order."""
     _expose_oclgrind()
+    _own_oclgrind_log()
     try:
         import pyopencl as cl
     except ImportError as err:
