@@ -331,6 +331,26 @@ def test_mismatched_dtype_and_symbolic_extent():
         pocl.run(two_kernels, np.zeros((5, 64), "float32"), np.zeros((6, 64), "float32"), 1)
 
 
+def test_a_lost_oclgrind_log_is_an_error(tmp_path, monkeypatch):
+    # A check must not pass on reports it never read: a log shorter than where the run began
+    # (truncated by another Oclgrind context), a missing one, or none at all.
+    from tvm_streamk.pocl import device
+
+    log = tmp_path / "oclgrind.log"
+    log.write_text("Invalid read of size 4\n")
+    monkeypatch.setenv("OCLGRIND_LOG", str(log))
+    assert device.oclgrind_reports(0) == "Invalid read of size 4\n"
+    assert device.oclgrind_reports(log.stat().st_size) == ""
+    with pytest.raises(pocl.PoclError, match="holds 23 bytes, fewer than the 100"):
+        device.oclgrind_reports(100)
+    monkeypatch.setenv("OCLGRIND_LOG", str(tmp_path / "missing.log"))
+    with pytest.raises(pocl.PoclError, match="does not exist"):
+        device.oclgrind_reports(0)
+    monkeypatch.delenv("OCLGRIND_LOG")
+    with pytest.raises(pocl.PoclError, match="OCLGRIND_LOG is not set"):
+        device.oclgrind_reports(0)
+
+
 def test_compute_units():
     assert pocl.compute_units() >= 1
 

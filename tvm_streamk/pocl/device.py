@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .errors import DeviceUnavailableError
+from .errors import DeviceUnavailableError, PoclError
 
 ENV_EXECUTOR = "TVM_STREAMK_OPENCL"
 # Implementations for the CPU: PoCL by its platform name, Oclgrind's simulator. Other platforms
@@ -404,10 +404,34 @@ def oclgrind_log_offset() -> int:
 
 
 def oclgrind_reports(since: int) -> str:
-    """What Oclgrind logged after offset ``since`` (its diagnostics of the kernels run since)."""
+    """What Oclgrind logged after offset ``since`` (its diagnostics of the kernels run since).
+
+    Raises
+    ------
+    PoclError
+        When the log cannot hold those reports: no ``OCLGRIND_LOG`` (Oclgrind then writes to
+        stderr), no such file (Oclgrind could not open it), or a file shorter than ``since``
+        (another Oclgrind context opened it since, truncating it). A check must not pass on
+        reports it never read.
+    """
     path = os.environ.get("OCLGRIND_LOG")
-    if not path or not os.path.exists(path):
-        return ""
+    size = os.path.getsize(path) if path and os.path.exists(path) else None
+    if size is None or size < since:
+        if not path:
+            found = "OCLGRIND_LOG is not set, so Oclgrind wrote its reports to stderr"
+        elif size is None:
+            found = f"Oclgrind's log {path} does not exist (Oclgrind could not open it?)"
+        else:
+            found = (
+                f"Oclgrind's log {path} holds {size} bytes, fewer than the {since} it held "
+                "before the run: another Oclgrind context opened it since, truncating it"
+            )
+        raise PoclError(
+            f"the Oclgrind reports of this run cannot be read: {found}. Expected a log of "
+            "this process's own: start the process without OCLGRIND_LOG to get one "
+            "(tvm_streamk.pocl.device), or name a file that no other process or context "
+            "running Oclgrind at the same time writes."
+        )
     with open(path, errors="replace") as f:
         f.seek(since)
         return f.read()
