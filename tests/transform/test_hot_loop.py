@@ -132,7 +132,7 @@ def test_product(opencl, case, fixup):
 # -- time on pip's PoCL ------------------------------------------------------------------------
 
 PIP_POCL = "pocl-3.0-rc2"
-ROUNDS = 9
+ROUNDS = 25
 
 
 @pytest.mark.slow
@@ -142,16 +142,18 @@ def test_time_on_pip_pocl():
     one block per tile splits nothing and must cost what data-parallel does: within 10%.
     Medians of interleaved rounds, each kernel timed once per round.
 
-    The split case is near its bound: 0.82, 0.88 and 0.82 in three idle runs on a 2-core Xeon
-    (0.85-0.91 the session before). Not the fix-up, nor two units sharing a core (one tile
-    alone 18.5 ms, two at once 19.1 ms): pip's PoCL runs a K loop whose trip count is the
-    run-time ``k_end - k_begin`` 13-15% slower per panel than one of constant trip count. The
-    split kernel's OpenCL edited by hand, medians of 7-9 rounds against the ideal 0.75: a
-    constant 768 panels per segment 0.97-0.98, a run-time start under a constant bound 0.98,
-    the run-time bound 1.13-1.15. A constant bound with an early ``break`` ran at 0.91, but
-    pip's PoCL miscompiles that form in the run-time-M split-K kernel (relative error 1.0 at
-    M = 1, where Oclgrind and Debian's PoCL 3.1 compute it right) and TVM's constant folding
-    divided by zero on hybrid plans, so the lowering keeps the run-time bound."""
+    The split case sits at its bound and this test fails about one run in three: on a 2-core
+    Xeon, 0.82, 0.88, 0.82, 0.91 and 0.83 in runs of 9 rounds; later, with every kernel ~40%
+    slower (another tenant?), 0.96, 0.88, 0.94 and 0.88 in runs of 25 rounds. Not the fix-up,
+    nor two units sharing a core (one tile alone 18.5 ms, two at once 19.1 ms): pip's PoCL runs
+    a K loop whose trip count is the run-time ``k_end - k_begin`` 13-15% slower per panel than
+    one of constant trip count. The split kernel's OpenCL edited by hand, medians of 7-9 rounds
+    against the ideal 0.75: a constant 768 panels per segment 0.97-0.98, a run-time start under
+    a constant bound 0.98, the run-time bound 1.13-1.15. A constant bound with an early
+    ``break`` ran at 0.91, but pip's PoCL miscompiles that form in the run-time-M split-K
+    kernel (relative error 1.0 at M = 1, where Oclgrind and Debian's PoCL 3.1 compute it
+    right) and TVM's constant folding divided by zero on hybrid plans, so the lowering keeps
+    the run-time bound."""
     if PIP_POCL not in [e.key for e in pocl.usable_executors()]:
         pytest.fail(f"pip's PoCL ({PIP_POCL}) is not usable here", pytrace=False)
     with pocl.use(PIP_POCL):
