@@ -170,8 +170,20 @@ def _reads_past_its_input(A: T.Buffer((64,), "float32"), B: T.Buffer((64,), "flo
 
 def test_an_out_of_bounds_read_fails():
     args = [np.ones(64, np.float32), np.full(64, np.nan, np.float32)]
-    with pytest.raises(oclgrind.OclgrindReportError, match="Invalid read"):
+    with pytest.raises(oclgrind.OclgrindReportError, match="Invalid read") as failed:
         oclgrind.check(_reads_past_its_input, *args)
+    # The whole diagnostics travel with the error: the log is emptied by the next check.
+    # (The out-of-bounds value then written is reported as uninitialised too.)
+    texts = [r.text for r in failed.value.reports]
+    assert any(t.startswith("Invalid read of size 4") and "Kernel: " in t for t in texts), texts
+
+
+def test_a_report_without_a_source_line_shows_its_text():
+    # A CI run failed on "1 problem(s) ... (no source line)" with nothing else to go on.
+    report = oclgrind.Report("", (), (), "Oclgrind - torn\n  fragment of a report\n")
+    excerpt = oclgrind._excerpt(report, "__kernel void k() {}")
+    assert "a report of no kind" in excerpt
+    assert "Oclgrind - torn | fragment of a report" in excerpt
 
 
 _CHILD = """

@@ -40,7 +40,15 @@ _HANDOFF_BUFFERS = ("sk_workspace", "sk_peer_record")
 
 
 class OclgrindReportError(PoclError):
-    """Oclgrind reported something other than the documented hand-off reads."""
+    """Oclgrind reported something other than the documented hand-off reads.
+
+    ``reports`` holds those reports (each :class:`Report`'s ``text`` the whole diagnostic):
+    the log itself is reopened, and emptied, by the next check's simulator context.
+    """
+
+    def __init__(self, message: str, reports: tuple = ()):
+        super().__init__(message)
+        self.reports = tuple(reports)
 
 
 @dataclass(frozen=True)
@@ -115,7 +123,11 @@ def _excerpt(report: Report, source: str) -> str:
     where = "; ".join(
         f"line {n}: {text[n - 1].strip()[:160]}" for n in report.lines if 0 < n <= len(text)
     )
-    return f"{report.kind} ({where or 'no source line'})"
+    if where:
+        return f"{report.kind} ({where})"
+    # No line of the kernel's source: the diagnostic itself is all there is to go on.
+    text = " | ".join(ln.strip() for ln in report.text.splitlines() if ln.strip())
+    return f"{report.kind or 'a report of no kind'} (no source line: {text[:300]!r})"
 
 
 def check(mod, *arrays, pipeline: str = "default", func_name: str | None = None) -> CheckedRun:
@@ -149,7 +161,7 @@ def check(mod, *arrays, pipeline: str = "default", func_name: str | None = None)
         raise OclgrindReportError(
             f"Oclgrind reported {len(rejected)} problem(s) in {kernel.name!r} besides the "
             f"documented hand-off reads ({len(accepted)} accepted):\n  {shown}{more}\n"
-            "Read the whole diagnostic with tvm_streamk.pocl.oclgrind.parse on the log "
-            "(OCLGRIND_LOG)."
+            "The whole diagnostics: this exception's .reports (each Report's .text).",
+            rejected,
         )
     return CheckedRun(outputs, tuple(accepted))
