@@ -397,10 +397,15 @@ def compute_units() -> int:
     return int(device().max_compute_units)
 
 
+def _oclgrind_log() -> tuple[str | None, int | None]:
+    """``(path, size)`` of Oclgrind's log: either is ``None`` where there is none."""
+    path = os.environ.get("OCLGRIND_LOG")
+    return path, (os.path.getsize(path) if path and os.path.exists(path) else None)
+
+
 def oclgrind_log_offset() -> int:
     """Where Oclgrind's log ends now; pass it to :func:`oclgrind_reports` after a run."""
-    path = os.environ.get("OCLGRIND_LOG")
-    return os.path.getsize(path) if path and os.path.exists(path) else 0
+    return _oclgrind_log()[1] or 0
 
 
 def oclgrind_reports(since: int) -> str:
@@ -414,8 +419,7 @@ def oclgrind_reports(since: int) -> str:
         (another Oclgrind context opened it since, truncating it). A check must not pass on
         reports it never read.
     """
-    path = os.environ.get("OCLGRIND_LOG")
-    size = os.path.getsize(path) if path and os.path.exists(path) else None
+    path, size = _oclgrind_log()
     if size is None or size < since:
         if not path:
             found = "OCLGRIND_LOG is not set, so Oclgrind wrote its reports to stderr"

@@ -142,7 +142,10 @@ def check(mod, *arrays, pipeline: str = "default", func_name: str | None = None)
     Raises
     ------
     OclgrindReportError
-        Naming every other report, with the OpenCL source line it points at.
+        Naming every other report, with the OpenCL source line it points at; its ``reports``
+        hold them whole.
+    PoclError
+        When Oclgrind's log cannot hold the run's reports (:func:`device.oclgrind_reports`).
     DeviceUnavailableError
         When Oclgrind is not installed (``bash scripts/install-opencl``).
     """
