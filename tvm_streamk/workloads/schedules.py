@@ -299,8 +299,10 @@ def _stage_panels(sch: Schedule, blk, ko, depth: int, *, threads: tuple[int, int
         sch.compute_at(cr, ko)
         for producer in inline[idx] if inline else ():
             sch.compute_inline(producer)
-        # The copy's own loops are those below the panel loop it was computed at.
-        fused = sch.fuse(*sch.get_loops(cr)[depth:])
+        # The copy's own loops are those below the panel loop it was computed at; a panel of
+        # one element (M or N of 1 with K of 1) has none, and gets a unit loop to split.
+        copy_loops = sch.get_loops(cr)[depth:] or [sch.add_unit_loop(cr)]
+        fused = sch.fuse(*copy_loops)
         _, ty, tx = sch.split(fused, [None, threads_y, threads_x])
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
