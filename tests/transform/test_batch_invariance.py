@@ -134,6 +134,38 @@ def test_low_precision_inputs_and_a_fused_epilogue(in_dtype, epilogue):
     assert all((_bits(r) == _bits(rows[0])).all() for r in rows[1:])
 
 
+def test_hybrids_of_small_tiles_build_and_keep_the_bits():
+    """The knob fuzz's find: a batch-invariant hybrid over the reference schedule's 16 x 8 x 4
+    tiles stopped in TVM's FlattenBuffer ("Divide by zero") on every grid and either variant
+    where the chunks divide the panels evenly: K = 256 is 64 panels of 4, four chunks of 16
+    (the other tests' K = 392 leaves a shorter last chunk, and built). Its staging offsets held
+    two remainders of a unit by the chunk count, one through the block's range read back
+    (:func:`tvm_streamk.transform._ir.opaque_bind`), one through the variable, and TVM 0.27's
+    ``iter_map_simplify`` divides by zero on their difference. The bits must be
+    data-parallel's."""
+    tiles = {"bm": 16, "bn": 8, "bk": 4, "tm": 2, "tn": 2}
+    k = 256
+    args = workloads.random_args(workloads.gemm(129, N, k), np.random.default_rng(33))
+    rows = []
+    for m, knobs, sms in [
+        (1, {"policy": "data_parallel"}, 1),
+        (64, {"policy": "hybrid", "variant": "one_tile"}, 3),
+        (129, {"policy": "hybrid", "variant": "two_tile"}, 5),
+        (64, {"policy": "hybrid"}, 1),
+    ]:
+        func = workloads.gemm(m, N, k)
+        sch = workloads.reference_schedule(func, **tiles)
+        plan = tvm_streamk.stream_k(
+            sch, "C_update", num_sms=sms, target=OPENCL, batch_invariant=True, **knobs
+        )
+        assert plan.panels == 4, plan
+        rows.append(_run(sch, func, _rows_of(args, m))[0])
+        if ptxas.available():
+            lib = tvm.compile(sch.mod, target=A100, tir_pipeline="tvm_streamk")
+            assert ptxas.resources(lib.mod.imports[0].inspect_source(), "sm_80"), knobs
+    assert all((_bits(r) == _bits(rows[0])).all() for r in rows[1:])
+
+
 @pytest.mark.parametrize(
     "sms, policy",
     [

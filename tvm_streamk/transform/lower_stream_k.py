@@ -328,6 +328,13 @@ def _persistent_nest(
         extent = cast_to(own, hi - lo)
         if may_be_empty:
             extent = tirx.Select(lo < hi, extent, int_imm(0, own))
+        # The chunk is the unit less its tile's first, not ``unit % count``: buffer compaction
+        # offsets a staging buffer's K axis by the chunk's first panel written through the
+        # block's range read back (a hybrid's), the access through the variable, and TVM
+        # 0.27's FlattenBuffer divides by zero simplifying the difference of two such
+        # remainders (``iter_map_simplify`` of ``(a + s) % 4 - (b + s) % 4``, even with a = b).
+        # Found by the knob fuzz: batch-invariant hybrids whose chunks divide the panels evenly
+        # stopped in TVM's pipeline (tests/transform/test_batch_invariance.py).
         if count == 1:
             k_begin, k_end = int_imm(0, own), int_imm(panels, own)
         else:
@@ -336,7 +343,7 @@ def _persistent_nest(
         segment = seq(
             [
                 tirx.Bind(tile, cast_to(own, tirx.floordiv(unit, count))),
-                tirx.Bind(seg.chunk, cast_to(own, tirx.floormod(unit, count))),
+                tirx.Bind(seg.chunk, cast_to(own, unit - cast_to(dtype, tile) * count)),
                 tirx.Bind(k0, k_begin),
                 tirx.Bind(k1, k_end),
                 *tile_space.coordinates(site, tile, decision.group or None),
