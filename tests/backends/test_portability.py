@@ -155,6 +155,33 @@ def test_workspace_fixup_with_predicated_edge_tiles():
     assert _error(func, sch.mod, lambda a: workloads.conv_reference(a, **geometry)) <= FP32_TOL
 
 
+# pip's PoCL 3.0-rc2 (LLVM 14), the key of the version that gets this case wrong optimised.
+PIP_POCL = "pocl-3.0-rc2"
+ONE_PANEL_TILES = {"bm": 8, "bn": 8, "bk": 8, "tm": 2, "tn": 2}
+
+
+@pytest.mark.parametrize("fixup", ["atomic", "workspace", "separate"])
+def test_one_padded_panel_on_blocks_of_one_or_two_tiles(opencl, fixup):
+    """The knob fuzz's find: 3 x 160 x 3 in 8 x 8 x 8 tiles (20 tiles of one padded panel, 3
+    valid rows of 8) on 15 blocks, each walking one or two whole tiles. Every fix-up's kernel is
+    right on Oclgrind (no report) and on PoCL 3.1, and on pip's PoCL 3.0-rc2 built without its
+    optimiser; optimised, pip's PoCL returns zeros and denormals for every output (relative
+    error 1.0-1.5 on 11, 12 and 15 blocks; right on 10, where every block walks two tiles).
+    Its OpenCL, cut by hand: the fault needs the accumulator's zero-fill guarded by the
+    work-item's row (``if (ty * 2 + i < 3)``) inside the segment loop of barrier regions; with
+    the guard always true but still on the work-item id it stays, without it it goes (so does
+    the segment count written as a chain of comparisons instead of ``(b % 3 + 4) / 3``). The
+    zero-fill's guard is the schedule's own predicate, and dropping it is not safe in general
+    (the compacted accumulator may hold fewer rows than the thread's tile). So this pins the
+    compiler bug: when pip's PoCL runs it right, this fails, and the case joins the others."""
+    func, mod, _ = _reference_kernel(3, 160, 3, 15, ONE_PANEL_TILES, fixup=fixup)
+    error = _error(func, mod)
+    if opencl.key.startswith(PIP_POCL):
+        assert error > 0.5, f"pip's PoCL 3.0-rc2 ran the one-panel case right ({error:.1e})"
+    else:
+        assert error <= FP32_TOL
+
+
 # The shape of the fix-up in 30 lines: a loop whose iterations hold a barrier region under a
 # uniform `if`, with work guarded by the work-item's coordinates inside it.
 _GUARDED_REGION = r"""
