@@ -1,10 +1,14 @@
 """Whatever ``stream_k`` accepts builds and runs (issue 10, item 1).
 
-Hypothesis draws knob combinations (policy, grid, occupancy, fix-up, determinism, tile order)
-on random reference and dlight schedules. Every combination the primitive accepts must run
-correctly on PoCL and, where nvcc is installed, build for sm_80; a refusal (with its reason) is
-allowed. It found the grouped order's matrix-sized buffers (40468b4) and the OpenCL that did not
-compile for a division by the run-time grid inside a ``vstore`` address.
+Hypothesis draws knob combinations (policy, grid, occupancy, every registered fix-up,
+determinism, batch invariance, tile order) on random reference and dlight schedules. Every
+combination the primitive accepts must run correctly on PoCL and, where nvcc is installed, build
+for sm_80; a refusal (with its reason) is allowed. It found the grouped order's matrix-sized
+buffers (40468b4), the OpenCL that did not compile for a division by the run-time grid inside a
+``vstore`` address, and, drawing every fix-up and batch invariance with other seeds, the
+batch-invariant hybrids TVM's FlattenBuffer stopped on (``test_batch_invariance.py``), the
+reference schedule's K = 1 panel of one element (``test_a_one_element_panel_is_staged``) and a
+case pip's PoCL miscompiles (``test_portability.py``).
 ``TVM_STREAMK_FUZZ_EXAMPLES`` draws more cases than the default suite's 24.
 """
 
@@ -18,7 +22,7 @@ from hypothesis import strategies as st
 
 import tvm_streamk
 from tests.helpers import A100
-from tvm_streamk import pocl, ptxas, workloads
+from tvm_streamk import fixup_registry, pocl, ptxas, workloads
 from tvm_streamk._compat import Schedule, dlight
 from tvm_streamk.analysis import first_site
 from tvm_streamk.decomposition import policy as policies
@@ -44,9 +48,11 @@ def knobs(draw):
             st.one_of(st.integers(1, 7), st.integers(1, 7), st.integers(1, 7), st.just("device"))
         ),
         "blocks_per_sm": draw(st.integers(1, 3)),
-        "fixup": draw(st.sampled_from(["auto", "atomic", "workspace"])),
+        # Every registered fix-up: a new one is drawn without touching this test.
+        "fixup": draw(st.sampled_from(["auto", *fixup_registry.names()])),
         "deterministic": draw(st.sampled_from([False, False, False, True])),
         "group": draw(st.one_of(st.none(), st.integers(1, 4))),
+        "batch_invariant": draw(st.sampled_from([False, False, False, True])),
     }
     if policy == "split_k":
         out["splits"] = draw(st.integers(1, 6))
