@@ -467,6 +467,24 @@ def test_batch_invariant_kernel(decision):
     assert error <= FP32_TOL
 
 
+@pytest.mark.parametrize("policy", ["data_parallel", "stream_k"])
+def test_batch_invariant_kernel_on_a_run_time_tile_count(policy):
+    """The knob fuzz's find: a batch-invariant data-parallel kernel of a run-time M launched a
+    block per chunk (the iterations, the base policy's run-time grid) where each block walks a
+    whole tile's chunks, so blocks past the tile count bumped counters and wrote workspace
+    slots past their buffers (glibc's "double free or corruption" on PoCL, whose buffers share
+    the host's heap). 37 x 72 x 27 in 16 x 32 x 4 tiles: 9 tiles of 7 panels in 4 chunks."""
+    func = workloads.gemm("m", 72, 27)
+    sch = workloads.reference_schedule(func, bm=16, bn=32, bk=4, tm=4, tn=4)
+    tvm_streamk.stream_k(
+        sch, "C_update", num_sms=7, target=OPENCL, policy=policy, batch_invariant=True
+    )
+    args = workloads.random_args(sch.mod["main"], m=37)
+    result = oclgrind.check(sch.mod, *args, pipeline="tvm_streamk")
+    ref = workloads.reference(sch.mod["main"], args)
+    assert workloads.relative_error(result.outputs[-1], ref) <= FP32_TOL
+
+
 @pytest.mark.parametrize("decision", [{"policy": "stream_k"}, {"policy": "split_k", "splits": 3}])
 def test_separate_fixup_needs_no_documented_exception(decision):
     """The separate fix-up (issue 33) hands nothing off between work-groups of one kernel: the

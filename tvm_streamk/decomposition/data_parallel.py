@@ -28,6 +28,13 @@ class DataParallel(Policy):
     def block_range(self, p, b, u, ops, g) -> tuple[Any, Any]:
         return b * p.panels, b * p.panels + p.panels
 
+    def run_time_grid(self, p, slots, ops, fixup):
+        # One block per tile, whatever the resident slots: block b runs tile b's panels, so the
+        # base's bound (the iterations) launched blocks past the tile count, and their counters
+        # and workspace slots lay past the buffers (a batch-invariant kernel of a run-time M,
+        # whose persistent walk cuts each tile into its chunks; found by the knob fuzz).
+        return p.grid
+
     def locate(self, p, it, ops, g):
         return ops.floordiv(it, p.panels), 0
 
