@@ -244,6 +244,14 @@ def test_split_k_one_build_every_m(fixup, splits):
     _check_every_size(sch, (1, 7, 100, 1000))
 
 
+def test_too_many_splits_of_a_run_time_tile_count_say_so():
+    # The decomposition's own error, with the tile count as an expression: the message read
+    # the count as an int, which raised the run-time-tiles precondition instead.
+    sch = _reference_kernel()
+    with pytest.raises(StreamKError, match=r"\[decomposition\].*splits <= panels = 7.*m \+"):
+        tvm_streamk.stream_k(sch, "C_update", num_sms=3, policy="split_k", splits=9)
+
+
 def test_group_is_refused():
     sch = _reference_kernel()
     with pytest.raises(StreamKError, match=r"\[runtime-tiles\].*group=2"):

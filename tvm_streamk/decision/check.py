@@ -47,7 +47,10 @@ def check(site, decision: Decision, target: tvm.target.Target | None = None):
     except decomposition.DecompositionError as err:
         raise StreamKError.stated(
             COND_DECOMPOSITION,
-            f"{err} (block {site.block.name_hint!r}: {site.tiles} tiles of {site.panels} panels)",
+            # The tile count as an expression: ``site.tiles`` raises for a run-time count,
+            # which hid this error behind a precondition the decision had already met.
+            f"{err} (block {site.block.name_hint!r}: {site.tile_count} tiles of "
+            f"{site.panels} panels)",
         ) from None
     rules.check_fragment_plan(plan, site)
     rules.check_index_width(plan, site, target)
