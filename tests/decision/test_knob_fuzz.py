@@ -9,7 +9,8 @@ buffers (40468b4), the OpenCL that did not compile for a division by the run-tim
 batch-invariant hybrids TVM's FlattenBuffer stopped on (``test_batch_invariance.py``), the
 reference schedule's K = 1 panel of one element (``test_a_one_element_panel_is_staged``) and a
 case pip's PoCL miscompiles (``test_portability.py``).
-``TVM_STREAMK_FUZZ_EXAMPLES`` draws more cases than the default suite's 24.
+``TVM_STREAMK_FUZZ_EXAMPLES`` draws more cases than the default suite's 24, and
+``TVM_STREAMK_FUZZ_SEED`` other ones (docs/testing.md has the command).
 """
 
 import os
@@ -17,7 +18,7 @@ from collections import Counter
 
 import numpy as np
 import tvm
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 import tvm_streamk
@@ -31,12 +32,22 @@ from tvm_streamk.pocl import KernelBuildError
 
 # The share of drawn cases that must be decided (not refused, not without a site).
 MIN_DECIDED_SHARE = 0.5
+# TVM_STREAMK_FUZZ_SEED=<n> draws other cases than the suite's fixed ones (a campaign).
+FUZZ_SEED = os.environ.get("TVM_STREAMK_FUZZ_SEED")
 SETTINGS = settings(
     max_examples=int(os.environ.get("TVM_STREAMK_FUZZ_EXAMPLES", "24")),
     deadline=None,
-    derandomize=True,
+    derandomize=FUZZ_SEED is None,
+    database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
+
+
+def drawn(test):
+    """``test`` (a ``@given`` function) under :data:`SETTINGS`, seeded by
+    ``TVM_STREAMK_FUZZ_SEED`` where it is set."""
+    test = SETTINGS(test)
+    return seed(int(FUZZ_SEED))(test) if FUZZ_SEED is not None else test
 
 
 @st.composite
@@ -96,7 +107,7 @@ def matmul_reference(args):
 def test_every_accepted_knob_combination_builds_and_runs():
     outcomes = Counter()
 
-    @SETTINGS
+    @drawn
     @given(schedules(), knobs())
     def fuzz(case, decision):
         outcomes[_builds_and_runs(case, decision)] += 1
@@ -144,7 +155,7 @@ def test_every_accepted_knob_combination_on_a_run_time_m():
     decomposition error hidden behind a run-time-tiles one (test_runtime_tiles.py)."""
     outcomes = Counter()
 
-    @SETTINGS
+    @drawn
     @given(run_time_m_cases(), run_time_knobs())
     def fuzz(case, decision):
         n, k, tiles, ms = case
