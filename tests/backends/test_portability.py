@@ -11,6 +11,8 @@ backend builds for it without the optimiser; the last tests pin that. Tolerances
 output.
 """
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -161,25 +163,41 @@ ONE_PANEL_TILES = {"bm": 8, "bn": 8, "bk": 8, "tm": 2, "tn": 2}
 
 
 @pytest.mark.parametrize("fixup", ["atomic", "workspace", "separate"])
-def test_one_padded_panel_on_blocks_of_one_or_two_tiles(opencl, fixup):
+def test_one_padded_panel_on_blocks_of_one_or_two_tiles(opencl, fixup, monkeypatch):
     """The knob fuzz's find: 3 x 160 x 3 in 8 x 8 x 8 tiles (20 tiles of one padded panel, 3
     valid rows of 8) on 15 blocks, each walking one or two whole tiles. Every fix-up's kernel is
     right on Oclgrind (no report) and on PoCL 3.1, and on pip's PoCL 3.0-rc2 built without its
-    optimiser; optimised, pip's PoCL returns zeros and denormals for every output (relative
-    error 1.0-1.5 on 11, 12 and 15 blocks; right on 10, where every block walks two tiles).
-    Its OpenCL, cut by hand: the fault needs the accumulator's zero-fill guarded by the
-    work-item's row (``if (ty * 2 + i < 3)``) inside the segment loop of barrier regions; with
-    the guard always true but still on the work-item id it stays, without it it goes (so does
-    the segment count written as a chain of comparisons instead of ``(b % 3 + 4) / 3``). The
-    zero-fill's guard is the schedule's own predicate, and dropping it is not safe in general
-    (the compacted accumulator may hold fewer rows than the thread's tile). So this pins the
-    compiler bug: when pip's PoCL runs it right, this fails, and the case joins the others."""
+    optimiser; optimised, pip's PoCL returned zeros and denormals for every output on an Intel
+    Xeon (relative error 1.0-1.5 on 11, 12 and 15 blocks; right on 10, where every block walks
+    two tiles). Its OpenCL, cut by hand: the fault needs the accumulator's zero-fill guarded by
+    the work-item's row (``if (ty * 2 + i < 3)``) inside the segment loop of barrier regions;
+    with the guard always true but still on the work-item id it stays, without it it goes (so
+    does the segment count written as a chain of comparisons instead of ``(b % 3 + 4) / 3``).
+    The zero-fill's guard is the schedule's own predicate, and dropping it is not safe in
+    general (the compacted accumulator may hold fewer rows than the thread's tile).
+
+    So on pip's PoCL the kernel is held right built without the optimiser, and the optimised
+    result is reported, not asserted (the fault is the compiler's, and one measured CPU does not
+    say it shows on every CPU): a warning says when it ran right."""
     func, mod, _ = _reference_kernel(3, 160, 3, 15, ONE_PANEL_TILES, fixup=fixup)
-    error = _error(func, mod)
-    if opencl.key.startswith(PIP_POCL):
-        assert error > 0.5, f"pip's PoCL 3.0-rc2 ran the one-panel case right ({error:.1e})"
-    else:
+    args = workloads.random_args(func)
+    ref = workloads.reference(func, args)
+    error = workloads.relative_error(pocl.compile(mod, "tvm_streamk").run(*args)[-1], ref)
+    if not opencl.key.startswith(PIP_POCL):
         assert error <= FP32_TOL
+        return
+    monkeypatch.setattr(
+        pocl_device, "MISCOMPILING_POCL", (*pocl_device.MISCOMPILING_POCL, PIP_POCL)
+    )
+    assert opencl.build_options == ("-cl-opt-disable",)
+    unoptimised = pocl.compile(mod, "tvm_streamk").run(*args)[-1]
+    assert workloads.relative_error(unoptimised, ref) <= FP32_TOL
+    if error <= FP32_TOL:
+        warnings.warn(
+            f"pip's PoCL 3.0-rc2 ran the one-panel case right optimised on {opencl.device}; "
+            "on an Intel Xeon it returned zeros (docs/testing.md)",
+            stacklevel=1,
+        )
 
 
 # The shape of the fix-up in 30 lines: a loop whose iterations hold a barrier region under a

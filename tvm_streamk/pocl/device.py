@@ -69,10 +69,10 @@ __kernel void tvm_streamk_probe(__global int* x) {
 # test_pocl31_optimiser_is_off fails once PoCL 3.1 runs the first right optimised); pip's
 # PoCL 3.0-rc2 and Oclgrind run both right. pip's PoCL 3.0-rc2 has a fault of the same family
 # (an accumulator's zero-fill guarded by the work-item's row in such a loop: zeros for every
-# output of a one-panel case; test_portability.py, test_one_padded_panel_on_blocks_of_one_or_
-# two_tiles) but keeps its optimiser: it is the executor that times kernels (the demo, the
-# hot-loop bounds), and the marked suites run the numeric tests on every other usable PoCL
-# and a subset under Oclgrind.
+# output of a one-panel case on an Intel Xeon; test_portability.py,
+# test_one_padded_panel_on_blocks_of_one_or_two_tiles) but keeps its optimiser: it is the
+# executor that times kernels (the demo, the hot-loop bounds), and the marked suites run the
+# numeric tests on every other usable PoCL and a subset under Oclgrind.
 MISCOMPILING_POCL = ("pocl-3.1",)
 
 _REMEDY = (
