@@ -152,6 +152,9 @@ def test_hybrids_of_small_tiles_build_and_keep_the_bits():
         (64, {"policy": "hybrid", "variant": "one_tile"}, 3),
         (129, {"policy": "hybrid", "variant": "two_tile"}, 5),
         (64, {"policy": "hybrid"}, 1),
+        # 20 tiles on 20 blocks: no Stream-K tile, one unit of whole tiles walked, its range
+        # bound before the walk (_ir.reads_ranges_per_unit): the chunk as the remainder.
+        (64, {"policy": "hybrid", "variant": "one_tile"}, 20),
     ]:
         func = workloads.gemm(m, N, k)
         sch = workloads.reference_schedule(func, **tiles)

@@ -220,17 +220,9 @@ def over_units(
     K = 3072: 1.63 instructions per FMA against data-parallel's 1.25; on the H200 Nsight
     Compute counted 495 M instructions against 380 M; tests/transform/test_hot_loop.py).
     """
-    units = plan.units(TIR_OPS, grid)
+    units, first, may_be_empty = _walked_units(plan, grid)
     dtype = dtype_of(b)
-    # Only a hybrid's Stream-K unit can be empty (more blocks than its iterations), and only a
-    # run-time grid leaves that unknown; data-parallel units always hold a whole tile. A unit
-    # empty for every block (a hybrid without Stream-K tiles) is not walked at all: with its
-    # loop, a GEMV hybrid on sm_90 took 32 registers and 8 bytes of spills, without it 36 and
-    # none, as its data-parallel kernel.
-    empty = [] if grid is not None else [lo >= hi for lo, hi in _unit_ranges(plan, 0)]
-    first = 1 if isinstance(units, int) and units > 1 and empty and all(empty) else 0
-    may_be_empty = grid is not None or (first == 0 and any(empty))
-    if isinstance(units, int) and units - first == 1:
+    if not reads_ranges_per_unit(plan, grid):
         lo_e, hi_e = plan.block_range(b, first, TIR_OPS, grid)
         if idle:
             lo_e, hi_e = tirx.min(lo_e, plan.iterations), tirx.min(hi_e, plan.iterations)
@@ -253,6 +245,30 @@ def over_units(
     body = seq([*lo_stmts, *hi_stmts, make_body(lo, hi, may_be_empty)])
     count = units if first == 0 else units - first
     return tirx.For(u, int_imm(first, dtype), count, tirx.ForKind.SERIAL, body)
+
+
+def _walked_units(plan: decomposition.Plan, grid=None):
+    """``(units, first, may_be_empty)``: the plan's unit count, the first unit
+    :func:`over_units` walks and whether a walked unit's range may be empty for some block.
+
+    Only a hybrid's Stream-K unit can be empty (more blocks than its iterations), and only a
+    run-time grid leaves that unknown; data-parallel units always hold a whole tile. A unit
+    empty for every block (a hybrid without Stream-K tiles) is not walked at all: with its
+    loop, a GEMV hybrid on sm_90 took 32 registers and 8 bytes of spills, without it 36 and
+    none, as its data-parallel kernel.
+    """
+    units = plan.units(TIR_OPS, grid)
+    empty = [] if grid is not None else [lo >= hi for lo, hi in _unit_ranges(plan, 0)]
+    first = 1 if isinstance(units, int) and units > 1 and empty and all(empty) else 0
+    return units, first, grid is not None or (first == 0 and any(empty))
+
+
+def reads_ranges_per_unit(plan: decomposition.Plan, grid=None) -> bool:
+    """Whether :func:`over_units` walks several units, each unit's range read back through
+    :func:`opaque_bind` inside the unit loop (a hybrid with Stream-K tiles), rather than one
+    range bound before the walk."""
+    units, first, _ = _walked_units(plan, grid)
+    return not (isinstance(units, int) and units - first == 1)
 
 
 def _within_grid(b: tirx.Var, grid: int, *values):

@@ -63,6 +63,7 @@ from ._ir import (
     int_imm,
     opaque_bind,
     over_units,
+    reads_ranges_per_unit,
     segment_dtype,
     seq,
     tile_count_check,
@@ -319,8 +320,7 @@ def _persistent_nest(
     band_body = tile_body
     tile_body = _ranged(tile_body, site, seg, fixup, strip, k1 - k0)
 
-    unit_count = plan.units(TIR_OPS, device_grid)
-    per_unit_ranges = not (isinstance(unit_count, int) and unit_count == 1)
+    per_unit_ranges = reads_ranges_per_unit(plan, device_grid)
 
     def chunk_walk(lo, hi, may_be_empty: bool) -> tirx.Stmt:
         # A batch-invariant plan's range counts chunk iterations, ``tile * n + chunk``: one
@@ -331,16 +331,17 @@ def _persistent_nest(
         extent = cast_to(own, hi - lo)
         if may_be_empty:
             extent = tirx.Select(lo < hi, extent, int_imm(0, own))
-        # Where each unit's range is read back inside the unit loop (a hybrid's several units,
-        # _ir.over_units), the chunk is the unit less its tile's first, not ``unit % count``:
-        # buffer compaction offsets a staging buffer's K axis by the chunk's first panel written
-        # through the range read back, the access through the variable, and TVM 0.27's
-        # FlattenBuffer divides by zero simplifying the difference of two such remainders
-        # (``iter_map_simplify`` of ``(a + s) % 4 - (b + s) % 4``, even with a = b). Found by
-        # the knob fuzz: batch-invariant hybrids whose chunks divide the panels evenly stopped
-        # in TVM's pipeline (tests/transform/test_batch_invariance.py). Elsewhere the remainder
-        # stays: with the subtraction the batch-invariant grouped workspace kernel on sm_90
-        # kept the tile live and spilled 8 bytes at its estimated grid's 48 registers.
+        # Where each unit's range is read back inside the unit loop (a hybrid with Stream-K
+        # tiles, _ir.reads_ranges_per_unit), the chunk is the unit less its tile's first, not
+        # ``unit % count``: buffer compaction offsets a staging buffer's K axis by the chunk's
+        # first panel written through the range read back, the access through the variable,
+        # and TVM 0.27's FlattenBuffer divides by zero simplifying the difference of two such
+        # remainders (``iter_map_simplify`` of ``(a + s) % 4 - (b + s) % 4``, even with
+        # a = b). Found by the knob fuzz: batch-invariant hybrids whose chunks divide the
+        # panels evenly stopped in TVM's pipeline (tests/transform/test_batch_invariance.py).
+        # Elsewhere the remainder stays: with the subtraction the batch-invariant grouped
+        # workspace kernel on sm_90 kept the tile live and spilled 8 bytes at its estimated
+        # grid's 48 registers.
         if per_unit_ranges:
             chunk_of_unit = unit - cast_to(dtype, tile) * count
         else:
