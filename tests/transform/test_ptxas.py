@@ -33,6 +33,7 @@ from tests.helpers import EXTRA_REGISTERS, EXTRA_SHARED, SM_COUNTS, SM_TARGETS
 from tests.kernels import budget_schedule, rule_funcs
 from tvm_streamk import ptxas, workloads
 from tvm_streamk._compat import dlight
+from tvm_streamk.decomposition import chunks
 
 pytestmark = [
     pytest.mark.ptxas,
@@ -121,6 +122,46 @@ INVARIANT_DECISIONS = [{"policy": "data_parallel"}, {"policy": "stream_k"}, {"po
 @pytest.mark.parametrize("source", ["reference", "dlight", "dlight_wmma"])
 def test_batch_invariant_within_the_data_parallel_budget(source, decision, arch):
     _check(source, arch, decision, batch_invariant=True)
+
+
+@functools.cache
+def _small_tiles(k: int, arch: str, decision: tuple = ()) -> ptxas.KernelResources:
+    sch = workloads.reference_schedule(workloads.gemm(37, 40, k), bm=16, bn=8, bk=4, tm=2, tn=2)
+    if decision:
+        target = tvm.target.Target(SM_TARGETS[arch])
+        tvm_streamk.stream_k(
+            sch, "C_update", num_sms=5, target=target, batch_invariant=True, **dict(decision)
+        )
+    return _resources(sch, arch)
+
+
+@pytest.mark.parametrize("arch", list(SM_TARGETS))
+@pytest.mark.parametrize(
+    "decision",
+    [
+        *INVARIANT_DECISIONS,
+        {"policy": "hybrid", "variant": "one_tile"},
+        {"policy": "hybrid", "variant": "two_tile"},
+    ],
+    ids=_ids,
+)
+@pytest.mark.parametrize("k", [64, 392])
+def test_batch_invariant_small_tiles_within_one_chunks_budget(k, decision, arch):
+    """The reference schedule's 16 x 8 x 4 tiles (2 x 2 outputs a thread). A chunk of K = 64
+    is 4 panels, a loop of constant trip count that nvcc unrolls whole, as it unrolls the
+    data-parallel kernel of a 4-panel K: both 61 registers on sm_80 (63 on sm_90) against the
+    43 (45) of data-parallel's 16-panel loop, and 49 with ``#pragma unroll 1`` written into
+    the chunk loop. Chunks of 5 and 6 panels are unrolled too (K = 80, 96: 64 registers); of
+    7 and more not (K = 112: 48; K = 392, chunks of 25: 48-53). The budget is therefore the
+    data-parallel kernel whose K is one chunk's, at K = 64 above the full-K kernel's + 16 (the
+    README says so) and at K = 392 the same loop as the full-K kernel's. The hybrids of these
+    tiles stopped in TVM's FlattenBuffer before the chunk walk's subtraction
+    (test_batch_invariance.py)."""
+    panels = -(-k // 4)
+    one_chunk = _small_tiles(4 * chunks.chunk_panels(panels), arch)
+    found = _small_tiles(k, arch, tuple(decision.items()))
+    assert found.registers <= one_chunk.registers + EXTRA_REGISTERS, (found, one_chunk)
+    assert found.shared <= one_chunk.shared + EXTRA_SHARED, (found, one_chunk)
 
 
 RUNTIME_SHAPES = [(448, 1216, 4096), (2048, 2048, 2048), (4256, 256, 4096)]
