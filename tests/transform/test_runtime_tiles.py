@@ -281,6 +281,29 @@ def test_data_parallel_leaves_the_kernel_as_written():
     _check_every_size(sch, (1, 100))
 
 
+def test_a_kernel_as_written_that_tvm_cannot_bound_is_refused_with_a_way_out():
+    """The knob fuzz's find: the reference schedule of 8 x 8 x 4 tiles at N = 2, K = 8 (also
+    K = 3, 4 and other tiles), kept as written for data-parallel, leaves A_shared sized over
+    the whole run-time M (``m * 4``): TVM's buffer compaction does not bound the copy within
+    a tile, and stock TVM refuses it too. The refusal names the buffer and its extent and
+    says what builds: the persistent walk of data-parallel's tiles (split-K in 1), which
+    bounds it."""
+
+    def kernel(**knobs) -> Schedule:
+        sch = workloads.reference_schedule(workloads.gemm("m", 2, 8), bm=8, bn=8, bk=4, tm=2, tn=2)
+        tvm_streamk.stream_k(sch, "C_update", num_sms=3, target=A100, **knobs)
+        return sch
+
+    for policy in ("data_parallel", "heuristic"):
+        with pytest.raises(
+            pocl_backend.KernelBuildError,
+            match=r"\[run-time-allocation\].*A_shared has the extent m \* T.int64\(4\), which "
+            r"has no compile-time bound.*policy='split_k', splits=1",
+        ):
+            pocl_backend.compile(kernel(policy=policy).mod, pipeline="tvm_streamk")
+    _check_every_size(kernel(policy="split_k", splits=1), (1, 7, 100))
+
+
 def test_explain_at_a_size():
     sch = _reference_kernel()
     tvm_streamk.stream_k(sch, "C_update", num_sms=3, policy="stream_k", blocks_per_sm=1)

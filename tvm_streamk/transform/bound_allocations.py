@@ -53,9 +53,15 @@ def _bounded(buf, analyzer):
             raise StreamKError(
                 COND_ALLOCATION,
                 f"the {ty.storage_scope} buffer {buf.name} has the extent {extent}, which has "
-                "no compile-time bound",
-                "Tile the run-time axis (sch.split with a constant inner factor) so each "
-                "block's part of it is constant.",
+                "no compile-time bound: TVM's buffer compaction did not narrow it to one "
+                "block's part of the run-time axis (stock TVM's code generators refuse it too)",
+                "If the run-time axis is not tiled, tile it (sch.split with a constant inner "
+                "factor) so each block's part is constant. If it is, compaction could not "
+                "bound the copy into this buffer within a tile (its fused index divided by an "
+                "extent it cannot relate to the tile's; seen with the kernel as written, "
+                "policy='data_parallel' or the heuristic's data-parallel counts, of some K): "
+                "a persistent walk bounds it: policy='split_k', splits=1 for data-parallel's "
+                "tiles, one block each, or policy='stream_k'.",
             )
         shape.append(tirx.IntImm(dtype_of(extent), high))
     new_ty = buffer_type_like(ty, shape=shape)
