@@ -265,8 +265,8 @@ def _walked_units(plan: decomposition.Plan, grid=None):
 
 def reads_ranges_per_unit(plan: decomposition.Plan, grid=None) -> bool:
     """Whether :func:`over_units` walks several units, each unit's range read back through
-    :func:`opaque_bind` inside the unit loop (a hybrid with Stream-K tiles), rather than one
-    range bound before the walk."""
+    :func:`opaque_bind` inside the unit loop (a hybrid with Stream-K tiles, or any hybrid on
+    a run-time grid), rather than one range bound before the walk."""
     units, first, _ = _walked_units(plan, grid)
     return not (isinstance(units, int) and units - first == 1)
 
