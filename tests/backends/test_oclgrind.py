@@ -485,6 +485,22 @@ def test_batch_invariant_kernel_on_a_run_time_tile_count(policy):
     assert workloads.relative_error(result.outputs[-1], ref) <= FP32_TOL
 
 
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+@pytest.mark.parametrize("m", [1, 37])
+def test_data_parallel_walk_where_tvm_cannot_bound_the_kernel_as_written(fixup, m):
+    """A run-time M whose kernel as written TVM cannot build (A_shared sized over the whole
+    M): data-parallel runs the walk, one block per tile (test_runtime_tiles.py)."""
+    func = workloads.gemm("m", 40, 256)
+    sch = workloads.reference_schedule(func, bm=16, bn=16, bk=8, tm=2, tn=2)
+    tvm_streamk.stream_k(
+        sch, "C_update", num_sms=3, target=OPENCL, policy="data_parallel", fixup=fixup
+    )
+    args = workloads.random_args(sch.mod["main"], m=m)
+    result = oclgrind.check(sch.mod, *args, pipeline="tvm_streamk")
+    ref = workloads.reference(sch.mod["main"], args)
+    assert workloads.relative_error(result.outputs[-1], ref) <= FP32_TOL
+
+
 @pytest.mark.parametrize("decision", [{"policy": "stream_k"}, {"policy": "split_k", "splits": 3}])
 def test_separate_fixup_needs_no_documented_exception(decision):
     """The separate fix-up (issue 33) hands nothing off between work-groups of one kernel: the

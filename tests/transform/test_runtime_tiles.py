@@ -271,8 +271,9 @@ def test_two_run_time_extents_are_refused():
 
 
 def test_data_parallel_leaves_the_kernel_as_written():
-    # (dlight's padded schedule: TVM sizes the reference schedule's A_shared m * 8 when it is
-    # built data-parallel at a run-time M, and the build fails, stock TVM as well.)
+    # (dlight's padded schedule, which TVM bounds as written. The reference schedule's
+    # A_shared it sizes m * 8 at a run-time M, and stock TVM stops on it: data-parallel walks
+    # that one, test_a_kernel_as_written_that_tvm_cannot_bound_walks_its_tiles.)
     sch, block = dynamic_m_matmul(A100, k=96, n=64)
     stock = tvm.compile(sch.mod, target=A100).mod.imports[0].inspect_source()
     tvm_streamk.stream_k(sch, block, target=A100, num_sms=3, policy="data_parallel")
@@ -281,27 +282,34 @@ def test_data_parallel_leaves_the_kernel_as_written():
     _check_every_size(sch, (1, 100))
 
 
-def test_a_kernel_as_written_that_tvm_cannot_bound_is_refused_with_a_way_out():
+def test_a_kernel_as_written_that_tvm_cannot_bound_walks_its_tiles():
     """The knob fuzz's find: the reference schedule of 8 x 8 x 4 tiles at N = 2, K = 8 (also
-    K = 3, 4 and other tiles), kept as written for data-parallel, leaves A_shared sized over
-    the whole run-time M (``m * 4``): TVM's buffer compaction does not bound the copy within
-    a tile, and stock TVM refuses it too. The refusal names the buffer and its extent and
-    says what builds: the persistent walk of data-parallel's tiles (split-K in 1), which
-    bounds it."""
+    K = 3 and 4, and 32 x 8 x 4 tiles), kept as written, leaves A_shared sized over the whole
+    run-time M (``m * 4``): TVM's buffer compaction does not bound its copy within a tile,
+    and stock TVM refuses the kernel. It was refused at build time ([run-time-allocation]) for
+    data-parallel and for the heuristic, whose data-parallel counts launch it. The persistent
+    walk bounds the buffer: it now runs every count, data-parallel's as one block per tile."""
+    from tvm_streamk.transform import bound_allocations
+    from tvm_streamk.transform._ir import HOST_BRANCH
 
-    def kernel(**knobs) -> Schedule:
-        sch = workloads.reference_schedule(workloads.gemm("m", 2, 8), bm=8, bn=8, bk=4, tm=2, tn=2)
-        tvm_streamk.stream_k(sch, "C_update", num_sms=3, target=A100, **knobs)
+    def kernel(tiles: dict, **knobs) -> Schedule:
+        sch = workloads.reference_schedule(workloads.gemm("m", 2, 8), bk=4, **tiles)
+        if knobs:
+            tvm_streamk.stream_k(sch, "C_update", num_sms=3, target=A100, **knobs)
         return sch
 
-    for policy in ("data_parallel", "heuristic"):
-        with pytest.raises(
-            pocl_backend.KernelBuildError,
-            match=r"\[run-time-allocation\].*A_shared has the extent m \* T.int64\(4\), which "
-            r"has no compile-time bound.*policy='split_k', splits=1",
-        ):
-            pocl_backend.compile(kernel(policy=policy).mod, pipeline="tvm_streamk")
-    _check_every_size(kernel(policy="split_k", splits=1), (1, 7, 100))
+    small, bounded = {"bm": 8, "bn": 8, "tm": 2, "tn": 2}, {"bm": 16, "bn": 16, "tm": 4, "tn": 4}
+    assert not bound_allocations.bounded_as_written(kernel(small).mod["main"])
+    assert bound_allocations.bounded_as_written(kernel(bounded).mod["main"])
+    for knobs in ({"policy": "data_parallel"}, {"policy": "heuristic", "fixup": "workspace"}):
+        sch = kernel(small, **knobs)
+        # One kernel, the walk, for every count: no host branch to the kernel as written.
+        script = tvm_streamk.lower(sch.mod, A100)["main"].script()
+        assert "sk_segment" in script and HOST_BRANCH not in script, knobs
+        _check_every_size(sch, (1, 7, 100))
+    # A tiling TVM bounds keeps the kernel as written.
+    sch = kernel(bounded, policy="data_parallel")
+    assert "sk_segment" not in tvm_streamk.lower(sch.mod, A100)["main"].script()
 
 
 def test_explain_at_a_size():

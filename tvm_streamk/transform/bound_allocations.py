@@ -24,6 +24,7 @@ from .._compat import (
     structural_walk,
 )
 from ..errors import StreamKError
+from ..register_estimate import lowered_prefix
 from ._ir import LAUNCH_OP, map_prim_funcs
 
 # Storage a kernel sizes at compile time.
@@ -55,13 +56,10 @@ def _bounded(buf, analyzer):
                 f"the {ty.storage_scope} buffer {buf.name} has the extent {extent}, which has "
                 "no compile-time bound: TVM's buffer compaction did not narrow it to one "
                 "block's part of the run-time axis (stock TVM's code generators refuse it too)",
-                "If the run-time axis is not tiled, tile it (sch.split with a constant inner "
-                "factor) so each block's part is constant. If it is, compaction could not "
-                "bound the copy into this buffer within a tile (its fused index divided by an "
-                "extent it cannot relate to the tile's; seen with the kernel as written, "
-                "policy='data_parallel' or the heuristic's data-parallel counts, of some K): "
-                "a persistent walk bounds it: policy='split_k', splits=1 for data-parallel's "
-                "tiles, one block each, or policy='stream_k'.",
+                "Tile the run-time axis (sch.split with a constant inner factor) so each "
+                "block's part of it is constant. If it is tiled, TVM could not bound the "
+                "copy into this buffer within a tile: a Stream-K walk bounds such copies "
+                "where the kernel as written does not (policy='stream_k').",
             )
         shape.append(tirx.IntImm(dtype_of(extent), high))
     new_ty = buffer_type_like(ty, shape=shape)
@@ -107,6 +105,19 @@ def bound_allocations(func: tirx.PrimFunc, known=()) -> tirx.PrimFunc:
     renamed = {buf.__chandle__(): _bounded(buf, analyzer) for buf in dynamic}
     body = structural_map(func.body, (tvm.ir.Var, lambda v: renamed.get(v.__chandle__(), v)))
     return func.with_body(body)
+
+
+def bounded_as_written(func: tirx.PrimFunc) -> bool:
+    """Whether TVM's lowering of ``func`` as written (up to buffer compaction,
+    :func:`~tvm_streamk.register_estimate.lowered_prefix`, 20-40 ms) leaves every register
+    and shared buffer an extent with a compile-time bound: what :func:`bound_allocations`
+    needs to build it at a run-time size."""
+    lowered = lowered_prefix(tvm.IRModule({"main": func}), concrete=False)["main"]
+    try:
+        bound_allocations(lowered)
+    except StreamKError:
+        return False
+    return True
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_streamk.BoundRunTimeAllocations")

@@ -43,6 +43,7 @@ from ..decomposition import chunks
 from ..errors import StreamKError
 from ..memory_model import for_target
 from . import (  # noqa: F401 - registers
+    bound_allocations,
     declare_occupancy,
     device_sms,
     drop_unused_binds,
@@ -128,15 +129,32 @@ def rewrite(
     # reduction's (a weight gradient's) is the kernel as written, its panels past a group's
     # rows reading zeros from the views.
     whole_tiles = plan.scheme.is_original and site.ragged is not None and not site.ragged.reduction
+    as_written = persistent_when is False or (
+        plan.scheme.is_original and (chunked is None or chunked[1] == 1)
+    )
+    if (
+        as_written
+        and site.runtime_tiles
+        and site.ragged is None
+        and not bound_allocations.bounded_as_written(func)
+    ):
+        # The kernel as written, at a run-time tile count, has a staging buffer TVM's buffer
+        # compaction does not narrow to one block's tile (sized over the whole run-time axis;
+        # stock TVM refuses the kernel too): the persistent walk, which bounds it, runs every
+        # count, data-parallel's as one block per tile. Found by the knob fuzz (the reference
+        # schedule's 8 x 8 x 4 tiles at N = 2 and K = 3, 4 or 8); its 16 x 16 x 8 tiles at
+        # N = 40, K = 256 are another. The kernel as written beside a persistent one
+        # (``persistent_when`` an expression) is not checked: TVM bounded the 16 x 16 x 8
+        # kernel there and not alone (tests/transform/test_runtime_tiles.py), and a check of
+        # the kernel alone would walk it needlessly.
+        persistent_when, as_written = True, False
     if whole_tiles:
         # A grouped GEMM's data-parallel kernel: one block per tile the groups hold (the
         # closed forms of Stream-K on as many blocks as tiles), not the padded band. A
         # batch-invariant one walks its tile's chunks, merged in chunk order.
         units = site.panels if chunked is None else chunked[1]
         plan = decomposition.plan_at_run_time(site.tile_count, units, 1, 1, "stream_k")
-    elif persistent_when is False or (
-        plan.scheme.is_original and (chunked is None or chunked[1] == 1)
-    ):
+    elif as_written:
         # The original kernel already is this decomposition (a batch-invariant one of a single
         # chunk too: its panel loop is the canonical order), or is what the policy runs for
         # every run-time count.
