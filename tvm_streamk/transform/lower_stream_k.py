@@ -339,6 +339,17 @@ def _persistent_nest(
     tile_body = _ranged(tile_body, site, seg, fixup, strip, k1 - k0)
 
     per_unit_ranges = reads_ranges_per_unit(plan, device_grid)
+    # Where a tile is one iteration (one K-panel, or one chunk) and each unit's range is read
+    # back, the tile is the range's start plus the segment, and buffer compaction offsets the
+    # staging buffers by its coordinates written through the range read back, the accesses
+    # through the variable: TVM 0.27's FlattenBuffer divides by zero simplifying the
+    # difference of the two column remainders (``tile % tiles_n``), as it did the chunks'
+    # (below). Found by the knob fuzz: every hybrid of the reference schedule with one K-panel
+    # stopped there (103 x 133 x 1 in 8 x 8 x 4 tiles; tests/transform/test_one_panel_shared.py;
+    # dlight's built). Read back as symbols, the coordinates give the compaction nothing to
+    # subtract. The price, in dlight's one-panel hybrids on sm_80 and sm_90: none, but for
+    # 4096 x 1024 x 16 on sm_90, 72 registers against 64 (data-parallel 56).
+    opaque_tiles = per_unit_ranges and (panels if chunked is None else chunked[1]) == 1
 
     def chunk_walk(lo, hi, may_be_empty: bool) -> tirx.Stmt:
         # A batch-invariant plan's range counts chunk iterations, ``tile * n + chunk``: one
@@ -375,7 +386,7 @@ def _persistent_nest(
                 tirx.Bind(seg.chunk, cast_to(own, chunk_of_unit)),
                 tirx.Bind(k0, k_begin),
                 tirx.Bind(k1, k_end),
-                *tile_space.coordinates(site, tile, decision.group or None),
+                *tile_space.coordinates(site, tile, decision.group or None, opaque=opaque_tiles),
                 tirx.Bind(seg.full, tirx.const(count == 1, "bool")),
                 tile_body,
                 fixup.after_segment(seg),
@@ -438,7 +449,7 @@ def _persistent_nest(
                 tirx.Bind(tile, first_tile + seg.index),
                 tirx.Bind(k0, k_begin),
                 tirx.Bind(k1, k_end),
-                *tile_space.coordinates(site, tile, decision.group or None),
+                *tile_space.coordinates(site, tile, decision.group or None, opaque=opaque_tiles),
                 tirx.Bind(seg.full, tirx.And(k0 == 0, k1 == panels)),
                 tile_body,
                 fixup.after_segment(seg),

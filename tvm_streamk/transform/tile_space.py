@@ -34,10 +34,13 @@ from ._ir import (
 from ._ir import coordinates as band_coordinates
 
 
-def coordinates(site: StreamKSite, tile, group: int | None) -> list[tirx.Stmt]:
-    """Statements that define the band's loop variables from the linear tile index ``tile``."""
+def coordinates(
+    site: StreamKSite, tile, group: int | None, opaque: bool = False
+) -> list[tirx.Stmt]:
+    """Statements that define the band's loop variables from the linear tile index ``tile``;
+    with ``opaque`` a band's are read back as symbols (:func:`._ir.coordinates`)."""
     if site.ragged is None:
-        return band_coordinates(site.band, tile, group)
+        return band_coordinates(site.band, tile, group, opaque=opaque)
     if site.ragged.reduction:
         # A ragged reduction's tiles are the band's, its group axis outermost. The tile comes
         # from the iteration offsets: its coordinates are read back as symbols, which bound
