@@ -99,7 +99,9 @@ def stream_k(
     variant : str, optional
         ``"one_tile"`` or ``"two_tile"`` (the default) for ``policy="hybrid"``.
     group : int, optional
-        Visit tiles in groups of ``group`` tile rows (swizzled order, for L2 locality).
+        Visit tiles in groups of ``group`` tile rows (swizzled order, for L2 locality). An
+        aligned split-K (``splits`` dividing the K-panels, blocks ``tile * S + s``) keeps the
+        band's loops in their row-major order, and the group does not apply to it.
     batch_invariant : bool
         Reduce every output element in one order fixed by K and the panel depth alone, so a
         row has the same bits whatever M, the grid, the SM count or the policy: K is cut into

@@ -164,6 +164,13 @@ def rewrite(
     # Where blockIdx.z is not the kernel's (WebGPU), the same plan walks persistently.
     aligned = plan.aligned_splits is not None and chunked is None
     aligned = aligned and (target is None or for_target(target).grid_z)
+    if aligned and decision.group:
+        # The aligned nest keeps the band's loops, in their own row-major order: no tile order
+        # applies, and a fix-up that finds a tile's coordinates from its index (the separate
+        # fix-up's second kernel) must find them in that order. Found by the knob fuzz: with
+        # group=2 it merged split-K's partials into the wrong tiles (9 x 9 x 5 in 8 x 8 x 4
+        # tiles: 14 outputs never written; 16 x 16 x 8: relative error 1.3).
+        decision = dataclasses.replace(decision, group=0)
     # Fragments are addressed through intrinsics, not element indices: nothing to localize.
     tile_body = site.band[-1].body
     if not site.fragment_accumulator:
