@@ -169,6 +169,29 @@ def test_hybrids_of_small_tiles_build_and_keep_the_bits():
     assert all((_bits(r) == _bits(rows[0])).all() for r in rows[1:])
 
 
+def test_hybrids_of_one_panel_chunks_build_and_keep_the_bits():
+    """A knob-fuzz campaign's find (seed 75): 9 x 1 x 5 in 8 x 8 x 4 tiles, two panels in two
+    chunks of one, stopped in TVM's FlattenBuffer ("Divide by zero") under either hybrid:
+    TVM's simplifier turned the chunk written as the unit less its tile's first chunk back
+    into the remainder. The chunk and the tile's coordinates are read back as symbols now."""
+    args = workloads.random_args(workloads.gemm(9, 1, 5), np.random.default_rng(75))
+    rows = []
+    for knobs, sms in [
+        ({"policy": "data_parallel"}, 1),
+        ({"policy": "hybrid", "variant": "one_tile"}, 1),
+        ({"policy": "hybrid", "variant": "two_tile"}, 1),
+        ({"policy": "hybrid", "variant": "one_tile", "fixup": "separate"}, 1),
+    ]:
+        func = workloads.gemm(9, 1, 5)
+        sch = workloads.reference_schedule(func, bm=8, bn=8, bk=4, tm=2, tn=2)
+        plan = tvm_streamk.stream_k(
+            sch, "C_update", num_sms=sms, target=OPENCL, batch_invariant=True, **knobs
+        )
+        assert (plan.panels, plan.tiles) == (2, 2), plan
+        rows.append(_run(sch, func, [a.copy() for a in args]))
+    assert all((_bits(r) == _bits(rows[0])).all() for r in rows[1:])
+
+
 @pytest.mark.parametrize(
     "sms, policy",
     [

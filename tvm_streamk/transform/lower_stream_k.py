@@ -346,17 +346,18 @@ def _persistent_nest(
     tile_body = _ranged(tile_body, site, seg, fixup, strip, k1 - k0)
 
     per_unit_ranges = reads_ranges_per_unit(plan, device_grid)
-    # Where a tile is one iteration (one K-panel, or one chunk) and each unit's range is read
-    # back, the tile is the range's start plus the segment, and buffer compaction offsets the
-    # staging buffers by its coordinates written through the range read back, the accesses
-    # through the variable: TVM 0.27's FlattenBuffer divides by zero simplifying the
-    # difference of the two column remainders (``tile % tiles_n``), as it did the chunks'
-    # (below). Found by the knob fuzz: every hybrid of the reference schedule with one K-panel
-    # stopped there (103 x 133 x 1 in 8 x 8 x 4 tiles; tests/transform/test_one_panel_shared.py;
-    # dlight's built). Read back as symbols, the coordinates give the compaction nothing to
-    # subtract. The price, in dlight's one-panel hybrids on sm_80 and sm_90: none, but for
-    # 4096 x 1024 x 16 on sm_90, 72 registers against 64 (data-parallel 56).
-    opaque_tiles = per_unit_ranges and (panels if chunked is None else chunked[1]) == 1
+    # Where a tile is one K-panel and each unit's range is read back, the tile is the range's
+    # start plus the segment, and buffer compaction offsets the staging buffers by its
+    # coordinates written through the range read back, the accesses through the variable:
+    # TVM 0.27's FlattenBuffer divides by zero simplifying the difference of the two column
+    # remainders (``tile % tiles_n``), as it did the chunks' (chunk_walk reads its
+    # coordinates back likewise). Found by the knob fuzz: every hybrid of the reference
+    # schedule with one K-panel stopped there (103 x 133 x 1 in 8 x 8 x 4 tiles;
+    # tests/transform/test_one_panel_shared.py; dlight's built). Read back as symbols, the
+    # coordinates give the compaction nothing to subtract. The price, in dlight's one-panel
+    # hybrids on sm_80 and sm_90: none, but for 4096 x 1024 x 16 on sm_90, 72 registers
+    # against 64 (data-parallel 56).
+    opaque_tiles = per_unit_ranges and panels == 1
 
     def chunk_walk(lo, hi, may_be_empty: bool) -> tirx.Stmt:
         # A batch-invariant plan's range counts chunk iterations, ``tile * n + chunk``: one
@@ -368,18 +369,25 @@ def _persistent_nest(
         if may_be_empty:
             extent = tirx.Select(lo < hi, extent, int_imm(0, own))
         # Where each unit's range is read back inside the unit loop (a hybrid with Stream-K
-        # tiles, _ir.reads_ranges_per_unit), the chunk is the unit less its tile's first, not
-        # ``unit % count``: buffer compaction offsets a staging buffer's K axis by the chunk's
-        # first panel written through the range read back, the access through the variable,
-        # and TVM 0.27's FlattenBuffer divides by zero simplifying the difference of two such
-        # remainders (``iter_map_simplify`` of ``(a + s) % 4 - (b + s) % 4``, even with
-        # a = b). Found by the knob fuzz: batch-invariant hybrids whose chunks divide the
-        # panels evenly stopped in TVM's pipeline (tests/transform/test_batch_invariance.py).
-        # Elsewhere the remainder stays: with the subtraction the batch-invariant grouped
-        # workspace kernel on sm_90 kept the tile live and spilled 8 bytes at its estimated
-        # grid's 48 registers.
+        # tiles, _ir.reads_ranges_per_unit), the chunk and the tile's coordinates are read back
+        # as symbols: buffer compaction offsets the staging buffers by the chunk's first panel
+        # and the tile's coordinates written through the range read back, the accesses through
+        # the variable, and TVM 0.27's FlattenBuffer divides by zero simplifying the difference
+        # of two such remainders (``iter_map_simplify`` of ``(a + s) % 4 - (b + s) % 4``, even
+        # with a = b). Found by the knob fuzz: batch-invariant hybrids whose chunks divide the
+        # panels evenly stopped in TVM's pipeline (tests/transform/test_batch_invariance.py);
+        # the chunk written as the unit less its tile's first chunk mended those, but TVM's
+        # simplifier turns that back into the remainder where the chunks are one panel each
+        # (9 x 1 x 5 in 8 x 8 x 4 tiles). Read back, the batch-invariant hybrids of the ptxas
+        # suite's reference and dlight schedules and of 16 x 8 x 4 tiles keep their registers
+        # (sm_80 and sm_90). Elsewhere the remainder stays:
+        # with the subtraction the batch-invariant grouped workspace kernel on sm_90 kept the
+        # tile live and spilled 8 bytes at its estimated grid's 48 registers.
+        reads: list = []
         if per_unit_ranges:
-            chunk_of_unit = unit - cast_to(dtype, tile) * count
+            chunk_of_unit, reads = opaque_bind(
+                "sk_unit_chunk", unit - tirx.floordiv(unit, count) * count, own, 0, count - 1
+            )
         else:
             chunk_of_unit = tirx.floormod(unit, count)
         if count == 1:
@@ -390,10 +398,11 @@ def _persistent_nest(
         segment = seq(
             [
                 tirx.Bind(tile, cast_to(own, tirx.floordiv(unit, count))),
+                *reads,
                 tirx.Bind(seg.chunk, cast_to(own, chunk_of_unit)),
                 tirx.Bind(k0, k_begin),
                 tirx.Bind(k1, k_end),
-                *tile_space.coordinates(site, tile, decision.group or None, opaque=opaque_tiles),
+                *tile_space.coordinates(site, tile, decision.group or None, opaque=per_unit_ranges),
                 tirx.Bind(seg.full, tirx.const(count == 1, "bool")),
                 tile_body,
                 fixup.after_segment(seg),
