@@ -64,6 +64,7 @@ def test_aligned_split_k_with_a_tile_order(shape, fixup):
         sch, "C_update", num_sms=1, fixup=fixup, target=A100, policy="split_k", splits=2, group=2
     )
     assert plan.aligned_splits == 2, plan
+    assert "group=2 not applied" in plan.reason, plan.reason
     _check(sch, func)
 
 

@@ -212,6 +212,13 @@ def decide(
             f"{chosen.reason}; batch-invariant: K in {count} chunk(s) of {chunk} panels, each "
             f"summed from zero and merged in chunk order ({counted} counts chunks)"
         )
+    if decision.group and rules.takes_aligned_nest(
+        chosen, bool(chunk) and not site.fragment_accumulator, target
+    ):
+        chosen = chosen.with_reason(
+            f"{chosen.reason}; group={decision.group} not applied: the aligned split keeps the "
+            "band's row-major tile order"
+        )
     if sms.deferred:
         when = (
             "the run-time grid" if sms.recorded == DEVICE_SMS else "the compile target's SM count"

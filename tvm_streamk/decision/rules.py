@@ -15,6 +15,7 @@ from ..analysis.ragged import COND_RAGGED
 from ..decomposition import chunks
 from ..decomposition import policy as policies
 from ..errors import StreamKError
+from ..memory_model import for_target
 from .record import COND_DECISION, DEVICE_SMS, TARGET_SMS, Decision
 
 # Condition names of the rules below, as StreamKError.condition reports them.
@@ -64,6 +65,15 @@ def _run_time_capable(on_device: bool = False) -> str:
     names = [p.name for p in policies.concrete() if walks_run_time_tiles(p.name, on_device)]
     names = [*dict.fromkeys(names), *policies.choosers()]
     return "policy=" + " or ".join(map(repr, names))
+
+
+def takes_aligned_nest(plan, chunked: bool, target) -> bool:
+    """Whether ``plan`` is lowered as the aligned nest: an aligned split (blocks
+    ``tile * S + s``, the band's loops kept in their row-major order) of a plan that does not
+    count chunks, on a target whose grid has ``blockIdx.z`` (``MemoryModel.grid_z``)."""
+    if plan.aligned_splits is None or chunked:
+        return False
+    return target is None or for_target(target).grid_z
 
 
 def check_recorded(decision: Decision, site) -> None:

@@ -38,7 +38,7 @@ from .._compat import (
     structural_walk,
 )
 from ..analysis import StreamKSite, analyze, blocks_under, first_site, ragged_views
-from ..decision import DEVICE_SMS, Decision, check, record
+from ..decision import DEVICE_SMS, Decision, check, record, rules
 from ..decomposition import chunks
 from ..errors import StreamKError
 from ..memory_model import for_target
@@ -162,8 +162,7 @@ def rewrite(
 
     # A batch-invariant plan counts chunks: the persistent walk cuts them (_persistent_nest).
     # Where blockIdx.z is not the kernel's (WebGPU), the same plan walks persistently.
-    aligned = plan.aligned_splits is not None and chunked is None
-    aligned = aligned and (target is None or for_target(target).grid_z)
+    aligned = rules.takes_aligned_nest(plan, chunked is not None, target)
     if aligned and decision.group:
         # The aligned nest keeps the band's loops, in their own row-major order: no tile order
         # applies, and a fix-up that finds a tile's coordinates from its index (the separate
