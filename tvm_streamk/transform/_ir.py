@@ -222,7 +222,7 @@ def over_units(
     """
     units, first, may_be_empty = _walked_units(plan, grid)
     dtype = dtype_of(b)
-    if not reads_ranges_per_unit(plan, grid):
+    if _one_walked_unit(units, first):
         lo_e, hi_e = plan.block_range(b, first, TIR_OPS, grid)
         if idle:
             lo_e, hi_e = tirx.min(lo_e, plan.iterations), tirx.min(hi_e, plan.iterations)
@@ -267,8 +267,11 @@ def reads_ranges_per_unit(plan: decomposition.Plan, grid=None) -> bool:
     """Whether :func:`over_units` walks several units, each unit's range read back through
     :func:`opaque_bind` inside the unit loop (a hybrid with Stream-K tiles, or any hybrid on
     a run-time grid), rather than one range bound before the walk."""
-    units, first, _ = _walked_units(plan, grid)
-    return not (isinstance(units, int) and units - first == 1)
+    return not _one_walked_unit(*_walked_units(plan, grid)[:2])
+
+
+def _one_walked_unit(units, first: int) -> bool:
+    return isinstance(units, int) and units - first == 1
 
 
 def _within_grid(b: tirx.Var, grid: int, *values):

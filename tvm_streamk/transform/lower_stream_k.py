@@ -379,9 +379,9 @@ def _persistent_nest(
         # simplifier turns that back into the remainder where the chunks are one panel each
         # (9 x 1 x 5 in 8 x 8 x 4 tiles). Read back, the batch-invariant hybrids of the ptxas
         # suite's reference and dlight schedules and of 16 x 8 x 4 tiles keep their registers
-        # (sm_80 and sm_90). Elsewhere the remainder stays:
-        # with the subtraction the batch-invariant grouped workspace kernel on sm_90 kept the
-        # tile live and spilled 8 bytes at its estimated grid's 48 registers.
+        # (sm_80 and sm_90). Elsewhere the remainder stays: with the subtraction the
+        # batch-invariant grouped workspace kernel on sm_90 kept the tile live and spilled 8
+        # bytes at its estimated grid's 48 registers.
         reads: list = []
         if per_unit_ranges:
             chunk_of_unit, reads = opaque_bind(
