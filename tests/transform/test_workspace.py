@@ -94,8 +94,10 @@ def test_100_launches_reuse_one_workspace():
         assert workloads.relative_error(out[-1], ref) <= FP32_TOL
 
 
-def test_fused_bias_relu_cast_to_fp16():
-    func = workloads.gemm(70, 64, 40, epilogue="bias_relu", out_dtype="float16")
+@pytest.mark.parametrize("batch", [None, 3])
+def test_fused_bias_relu_cast_to_fp16(batch):
+    # Batched: one bias for every batch, the batch on blockIdx.z beside the tile band.
+    func = workloads.gemm(70, 64, 40, epilogue="bias_relu", out_dtype="float16", batch=batch)
     sch, plan = _schedule(func, num_sms=4)
     assert plan.split_tiles
     args = workloads.random_args(func)

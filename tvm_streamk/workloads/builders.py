@@ -10,7 +10,7 @@ from __future__ import annotations
 import tvm
 from tvm.script import tirx as T
 
-from .errors import WorkloadError, check_choice, check_extents, run_time_extent
+from .errors import check_choice, check_extents, run_time_extent
 
 LAYOUTS = ("NN", "NT", "TN")
 IN_DTYPES = ("float32", "float16", "bfloat16", "int8")
@@ -49,7 +49,8 @@ def gemm(
         ``"bias_relu"`` adds a bias vector of length N (``acc_dtype``) and applies ReLU in the
         block that stores C, after the reduction (the shape a fused Relax epilogue takes).
     batch : int, optional
-        When given, every operand gets a leading batch axis (batched GEMM).
+        When given, A, B and C get a leading batch axis (batched GEMM); a bias is one vector
+        for every batch.
     """
     M = run_time_extent("M", M)
     check_extents(N=N, K=K, **({} if batch is None else {"batch": batch}))
@@ -127,14 +128,16 @@ def _plain_gemm(lead, a_shape, b_shape, mnk, in_dtype, acc_dtype, prod, zero, ba
 def _gemm_with_epilogue(lead, a_shape, b_shape, mnk, in_dtype, acc_dtype, out_dtype, epilogue,
                         prod, zero, batched):
     M, N, K = mnk
-    if batched:
-        raise WorkloadError("a fused epilogue is built for unbatched GEMM only; found batch given")
 
     def finish(acc, bias_v):
         if epilogue == "bias_relu":
             acc = T.max(acc + bias_v, zero)
         return T.Cast(out_dtype, acc)
 
+    if batched:
+        return _batched_gemm_with_epilogue(
+            lead[0], a_shape, b_shape, mnk, in_dtype, acc_dtype, out_dtype, epilogue, prod, zero,
+            finish)
     if epilogue is None:
         @T.prim_func(s_tir=True)
         def main(A: T.Buffer(a_shape, in_dtype), B: T.Buffer(b_shape, in_dtype),
@@ -168,6 +171,46 @@ def _gemm_with_epilogue(lead, a_shape, b_shape, mnk, in_dtype, acc_dtype, out_dt
             with T.sblock("D"):
                 vi, vj = T.axis.remap("SS", [i, j])
                 D[vi, vj] = finish(C[vi, vj], bias[vj])
+    return main
+
+
+def _batched_gemm_with_epilogue(batch, a_shape, b_shape, mnk, in_dtype, acc_dtype, out_dtype,
+                                epilogue, prod, zero, finish):
+    """The batched forms of :func:`_gemm_with_epilogue`: one bias vector for every batch."""
+    M, N, K = mnk
+    if epilogue is None:
+        @T.prim_func(s_tir=True)
+        def main(A: T.Buffer((batch, *a_shape), in_dtype), B: T.Buffer((batch, *b_shape), in_dtype),
+                 D: T.Buffer((batch, M, N), out_dtype)):
+            T.func_attr({"tirx.noalias": True})
+            C = T.sblock_alloc_buffer((batch, M, N), acc_dtype)
+            for bb, i, j, k in T.grid(batch, M, N, K):
+                with T.sblock("C"):
+                    vb, vi, vj, vk = T.axis.remap("SSSR", [bb, i, j, k])
+                    with T.init():
+                        C[vb, vi, vj] = zero
+                    C[vb, vi, vj] = C[vb, vi, vj] + prod(A, B, (vb,), vi, vk, vj)
+            for bb, i, j in T.grid(batch, M, N):
+                with T.sblock("D"):
+                    vb, vi, vj = T.axis.remap("SSS", [bb, i, j])
+                    D[vb, vi, vj] = finish(C[vb, vi, vj], zero)
+        return main
+
+    @T.prim_func(s_tir=True)
+    def main(A: T.Buffer((batch, *a_shape), in_dtype), B: T.Buffer((batch, *b_shape), in_dtype),
+             bias: T.Buffer((N,), acc_dtype), D: T.Buffer((batch, M, N), out_dtype)):
+        T.func_attr({"tirx.noalias": True})
+        C = T.sblock_alloc_buffer((batch, M, N), acc_dtype)
+        for bb, i, j, k in T.grid(batch, M, N, K):
+            with T.sblock("C"):
+                vb, vi, vj, vk = T.axis.remap("SSSR", [bb, i, j, k])
+                with T.init():
+                    C[vb, vi, vj] = zero
+                C[vb, vi, vj] = C[vb, vi, vj] + prod(A, B, (vb,), vi, vk, vj)
+        for bb, i, j in T.grid(batch, M, N):
+            with T.sblock("D"):
+                vb, vi, vj = T.axis.remap("SSS", [bb, i, j])
+                D[vb, vi, vj] = finish(C[vb, vi, vj], bias[vj])
     return main
 
 
