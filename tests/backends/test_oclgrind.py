@@ -531,6 +531,23 @@ def test_separate_fixup_on_a_run_time_tile_count(m):
     assert result.accepted == ()
 
 
+@pytest.mark.parametrize("shape", [(1, 40), (10, 3)], ids=lambda s: "x".join(map(str, s)))
+def test_ragged_k_data_parallel_walk_where_tvm_cannot_bound_the_kernel_as_written(shape):
+    # One block per tile over its group's panels, read from the iteration offsets; the
+    # tiles of the empty group written as zeros.
+    counts = [9, 0, 30, 1, 5]
+    func = workloads.grouped_weight_grad(len(counts), *shape)
+    sch = workloads.reference_schedule(func, bm=8, bn=8, bk=8, tm=2, tn=2)
+    tvm_streamk.stream_k(
+        sch, "C_update", num_sms=3, blocks_per_sm=1, policy="data_parallel", target=OPENCL
+    )
+    args = workloads.grouped_weight_grad_args(counts, *shape, rng=np.random.default_rng(6))
+    result = oclgrind.check(sch.mod, *args, pipeline="tvm_streamk")
+    ref = workloads.grouped_weight_grad_reference(*args[:3])
+    assert workloads.relative_error(result.outputs[-1], ref) <= FP32_TOL
+    assert result.accepted == ()
+
+
 @pytest.mark.parametrize("fixup", ["atomic", "workspace"])
 def test_ragged_k_weight_gradient(fixup):
     # A grouped weight gradient (ragged K): uneven groups, an empty one (written as zeros),

@@ -24,6 +24,7 @@ from tvm_streamk._compat import structural_walk
 from tvm_streamk.cost_model import ragged as ragged_cost
 from tvm_streamk.errors import StreamKError
 from tvm_streamk.explain import ExplainError
+from tvm_streamk.transform import bound_allocations
 
 GROUPS, N, K = 5, 24, 40
 TILES = {"bm": 8, "bn": 8, "bk": 8, "tm": 2, "tn": 2}  # 3 x 5 tiles per group, 8 tokens/panel
@@ -38,6 +39,17 @@ ROUTINGS = [
 LOW_PRECISION_TOL = 2.0**-7 + FP32_TOL
 
 RUNS = pytest.mark.usefixtures("opencl")  # the tests that run kernels, on every PoCL
+# Every policy that applies, and both fix-ups of Stream-K.
+EVERY_POLICY = pytest.mark.parametrize(
+    "decision",
+    [
+        {"policy": "stream_k", "fixup": "workspace"},
+        {"policy": "stream_k", "fixup": "atomic"},
+        {"policy": "heuristic"},
+        {"policy": "data_parallel"},
+    ],
+    ids=lambda d: "-".join(d.values()),
+)
 
 
 def _schedule(rows="rows", in_dtype="float32", out_dtype=None, **decision):
@@ -50,10 +62,10 @@ def _schedule(rows="rows", in_dtype="float32", out_dtype=None, **decision):
     return sch
 
 
-def _check_routings(kernel, routings, in_dtype="float32", tol=FP32_TOL, seed=0):
+def _check_routings(kernel, routings, in_dtype="float32", tol=FP32_TOL, seed=0, shape=(N, K)):
     for n, counts in enumerate(routings):
         args = workloads.grouped_weight_grad_args(
-            counts, N, K, in_dtype=in_dtype, rng=np.random.default_rng(seed + n)
+            counts, *shape, in_dtype=in_dtype, rng=np.random.default_rng(seed + n)
         )
         assert np.isnan(args[-1]).all()
         # Two calls on one set of buffers, the output poisoned before each.
@@ -66,22 +78,57 @@ def _check_routings(kernel, routings, in_dtype="float32", tol=FP32_TOL, seed=0):
 
 
 @RUNS
-@pytest.mark.parametrize(
-    "decision",
-    [
-        {"policy": "stream_k", "fixup": "workspace"},
-        {"policy": "stream_k", "fixup": "atomic"},
-        {"policy": "heuristic"},
-        {"policy": "data_parallel"},
-    ],
-    ids=lambda d: "-".join(d.values()),
-)
+@EVERY_POLICY
 def test_one_build_serves_every_routing(decision):
     kernel = pocl.compile(_schedule(**decision).mod, "tvm_streamk")
     if decision["policy"] != "data_parallel":
         # The prologue writing the iteration offsets, then the persistent kernel.
         assert any("iteration" in str(a) for launch in kernel.launches for a in launch.args)
     _check_routings(kernel, ROUTINGS)
+
+
+@RUNS
+@EVERY_POLICY
+def test_one_expert_is_a_run_time_k(decision):
+    """One group: a dense layer's weight gradient over a run-time token count. TVM folds the
+    group loop of extent 1 to the index 0, and the analysis refused it ("the group index 0 of
+    the view dY_group ... is not the outermost tile band loop"; found by the workload fuzz)."""
+    func = workloads.grouped_weight_grad(1, N, K)
+    sch = workloads.reference_schedule(func, **TILES)
+    tvm_streamk.stream_k(sch, "C_update", num_sms=3, blocks_per_sm=1, target=OPENCL, **decision)
+    kernel = pocl.compile(sch.mod, "tvm_streamk")
+    _check_routings(kernel, [[45], [0], [3], [200]])
+
+
+# Shapes whose kernel as written TVM cannot bound: the token panels' staging buffers sized over
+# every token (stock TVM stops on them too). Found by the workload fuzz at N = 1, K = 1.
+UNBOUNDED_AS_WRITTEN = [(1, 40), (10, 3), (24, 1)]
+
+
+@RUNS
+@pytest.mark.parametrize("shape", UNBOUNDED_AS_WRITTEN, ids=lambda s: "x".join(map(str, s)))
+def test_data_parallel_walks_where_tvm_cannot_bound_the_kernel_as_written(shape):
+    """Data-parallel then walks one block per tile over its group's panels (the prologue writes
+    the iteration offsets): right at every routing, and a group's gradient has the same bits
+    whatever the other groups hold, as the kernel as written's would."""
+    func = workloads.grouped_weight_grad(GROUPS, *shape)
+    sch = workloads.reference_schedule(func, **TILES)
+    assert not bound_allocations.bounded_as_written(sch.mod["main"])
+    tvm_streamk.stream_k(
+        sch, "C_update", policy="data_parallel", num_sms=3, blocks_per_sm=1, target=OPENCL
+    )
+    kernel = pocl.compile(sch.mod, "tvm_streamk")
+    assert len(kernel.launches) == 2  # the iteration offsets, then the walk
+    _check_routings(kernel, ROUTINGS, shape=shape)
+    # Group 2's tokens and gradients are the same in both routings; the others' differ.
+    first = workloads.grouped_weight_grad_args([9, 0, 30, 1, 5], *shape)
+    second = workloads.grouped_weight_grad_args([3, 41, 30, 0, 70], *shape)
+    for arg, rows in ((0, slice(9, 39)), (1, slice(9, 39))):
+        second[arg][44:74] = first[arg][rows]
+    outs = [kernel.run(*args)[-1] for args in (first, second)]
+    assert np.array_equal(outs[0][2], outs[1][2])
+    ref = workloads.grouped_weight_grad_reference(*second[:3])
+    assert workloads.relative_error(outs[1], ref) <= FP32_TOL
 
 
 @RUNS

@@ -173,6 +173,7 @@ class RaggedSpace(_Grouped):
 
     # Rows are ragged (a grouped GEMM); :class:`RaggedReduction` has a ragged K.
     reduction = False
+    kind = "grouped GEMM"  # what messages call it
 
     views: RaggedViews
     group_axis: int | None  # the band loop that walks the groups (None for one group)
@@ -218,6 +219,7 @@ class RaggedReduction(_Grouped):
     """
 
     reduction = True
+    kind = "grouped weight gradient"  # what messages call it
     views: RaggedViews
     tokens_per_panel: int  # the reduction rows one K-panel covers
     row_bound: tirx.Expr  # the most rows a group may have (the views' row extent)
@@ -372,7 +374,7 @@ def ragged_reduction(
         )
     per_panel = None
     for view, index in found:
-        if _axis_of(index[0], band_vars) != 0:
+        if _group_axis(index[0], band, declared.groups) != 0:
             _refuse(
                 f"the group index {index[0]} of the view {view.name} read along the reduction "
                 "is not the outermost tile band loop",
@@ -437,6 +439,17 @@ def _store_index(block: SBlock, buffer: tirx.Buffer, realize: SBlockRealize) -> 
 def _is_zero(expr) -> bool:
     expr = arith.Analyzer().simplify(expr)
     return isinstance(expr, tirx.IntImm) and int(expr) == 0
+
+
+def _group_axis(index, band, groups: int) -> int | None:
+    """The band position of the loop a view's group ``index`` reads: of one group, the
+    constant 0 TVM folds the group loop of extent 1 to reads the outermost loop when that
+    loop is one wide."""
+    axis = _axis_of(index, [loop.loop_var for loop in band])
+    one_wide = groups == 1 and isinstance(band[0].extent, tirx.IntImm) and band[0].extent == 1
+    if axis is None and one_wide and isinstance(index, tirx.IntImm) and int(index) == 0:
+        return 0
+    return axis
 
 
 def _axis_of(expr, band_vars) -> int | None:

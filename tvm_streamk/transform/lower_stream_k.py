@@ -127,7 +127,7 @@ def rewrite(
         persistent_when = plan.scheme.run_time_persistent(plan, TIR_OPS, decision.fixup)
     # A grouped GEMM's data-parallel kernel walks the tiles the groups hold; a ragged
     # reduction's (a weight gradient's) is the kernel as written, its panels past a group's
-    # rows reading zeros from the views.
+    # rows reading zeros from the views (where TVM can bound it, below).
     whole_tiles = plan.scheme.is_original and site.ragged is not None and not site.ragged.reduction
     as_written = persistent_when is False or (
         plan.scheme.is_original and (chunked is None or chunked[1] == 1)
@@ -135,7 +135,7 @@ def rewrite(
     if (
         as_written
         and site.runtime_tiles
-        and site.ragged is None
+        and (site.ragged is None or site.ragged.reduction)
         and not bound_allocations.bounded_as_written(func)
     ):
         # The kernel as written, at a run-time tile count, has a staging buffer TVM's buffer
@@ -146,9 +146,19 @@ def rewrite(
         # N = 40, K = 256 are another. The kernel as written beside a persistent one
         # (``persistent_when`` an expression) is not checked: TVM bounded the 16 x 16 x 8
         # kernel there and not alone (tests/transform/test_runtime_tiles.py), and a check of
-        # the kernel alone would walk it needlessly.
+        # the kernel alone would walk it needlessly. A ragged reduction's (a grouped weight
+        # gradient's, found by the workload fuzz: N = 1 in 8 x 8 x 4 tiles, the token rows'
+        # panels sized over every token) walks one block per tile over its group's panels, in
+        # token order: the kernel as written's bits, whatever the other groups hold.
         persistent_when, as_written = True, False
-    if whole_tiles:
+        whole_tiles = site.ragged is not None
+    if whole_tiles and _ragged_k(site):
+        # A ragged reduction's: one block per tile (ragged_k.whole_tile_range); the plan
+        # counts its iterations, as the ragged walk's does.
+        plan = decomposition.plan_at_run_time(
+            site.tile_count, site.panels, site.ragged.real_tiles, 1, "stream_k"
+        )
+    elif whole_tiles:
         # A grouped GEMM's data-parallel kernel: one block per tile the groups hold (the
         # closed forms of Stream-K on as many blocks as tiles), not the padded band. A
         # batch-invariant one walks its tile's chunks, merged in chunk order.
@@ -278,7 +288,9 @@ def _bind_runtime_grid(
         if site.ragged is not None:
             # The blocks the tile count read on the device keeps busy; the others idle.
             # At least one, the divisor of the closed forms: no group may hold a row.
-            if whole_tiles:
+            if whole_tiles and _ragged_k(site):
+                launched = int_imm(site.ragged.real_tiles, dtype)
+            elif whole_tiles:
                 launched = site.ragged.tiles
             else:
                 launched = plan.scheme.run_time_grid(plan, inner, TIR_OPS, decision.fixup)
@@ -488,14 +500,18 @@ def _persistent_nest(
         zeros = ragged_k.zero_empty_tiles(
             site, seg, band_body, seg.block, grid, decision.group or None
         )
-    units = over_units(
-        plan,
-        seg.block,
-        walker,
-        device_grid,
-        idle=site.ragged is not None,
-        opaque_range=opaque_units,
-    )
+    if _ragged_k(site) and whole_tiles:
+        (lo, hi), reads = ragged_k.whole_tile_range(site, seg.block)
+        units = seq([*reads, walker(lo, hi, True)])
+    else:
+        units = over_units(
+            plan,
+            seg.block,
+            walker,
+            device_grid,
+            idle=site.ragged is not None,
+            opaque_range=opaque_units,
+        )
     # Keep the schedule's own annotations of the tile band (unroll pragmas, for instance).
     return bound_loop(seg.block, grid, seq([units, zeros]), annotations=site.band[0].annotations)
 

@@ -23,6 +23,10 @@ its ``P(g)`` panels; the workspace fix-up's arrivals complete at ``P(g)``). A ti
 group has no iteration and is walked by no slice: :func:`zero_empty_tiles` has every launched
 block write its share of them through the original write-back on the accumulator's initial
 zero (an empty expert's gradient is zero).
+
+Data-parallel's walk (where TVM cannot bound the kernel as written,
+:func:`.lower_stream_k.rewrite`) gives block ``b`` the iterations of tile ``b`` alone
+(:func:`whole_tile_range`): one whole segment, in token order.
 """
 
 from __future__ import annotations
@@ -79,6 +83,22 @@ def walker(site: StreamKSite, seg: Segment, tile_body, fixup, group, own: str):
         return seq([*find_first, *find_last, loop])
 
     return walk
+
+
+def whole_tile_range(site: StreamKSite, tile) -> tuple[tuple, list[tirx.Stmt]]:
+    """``((lo, hi), statements)``: the iterations of ``tile``, all its group's panels (an
+    empty range for a tile of an empty group, and past the last tile). A data-parallel walk
+    gives each block its tile's range: one whole segment, summed in token order."""
+    space = site.ragged
+    dtype = "int32"  # as the walk counts (its host checks the iterations' bound)
+    tile = cast_to(dtype, tile)
+    per_group = int_imm(space.others, dtype)
+    g = tirx.min(tirx.floordiv(tile, per_group), int_imm(space.groups - 1, dtype))
+    (base, end), read_range = tile_space.group_range(space, g, dtype, "sk_whole_group")
+    panels = tirx.floordiv(end - base, per_group)
+    lo = base + (tile - g * per_group) * panels
+    hi = tirx.Select(tile < int_imm(space.real_tiles, dtype), lo + panels, lo)
+    return (lo, hi), read_range
 
 
 def live_writeback(site: StreamKSite, seg: Segment, tile_body) -> tirx.Stmt:
