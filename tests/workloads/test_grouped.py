@@ -52,6 +52,17 @@ def test_one_build_serves_uneven_and_empty_groups(fixup, num_sms):
         _check(sch, counts, seed)
 
 
+def test_a_heuristic_with_the_separate_fixup_keeps_every_tile_whole():
+    # The separate fix-up cannot merge a tile count only the device knows: the heuristic
+    # keeps the tiles whole and says why (it stopped on the compile-time tile count it does
+    # not have; found by the workload fuzz).
+    sch = _kernel(len(UNEVEN), policy=None)
+    plan = tvm_streamk.stream_k(sch, "C_update", policy="heuristic", fixup="separate", num_sms=3)
+    assert plan.policy == "data_parallel", plan
+    assert "fixup='separate' for the grouped GEMM" in plan.reason
+    _check(sch, UNEVEN)
+
+
 def test_one_group_is_a_plain_dynamic_gemm():
     _check(_kernel(1, fixup="workspace"), [100])
 

@@ -100,6 +100,20 @@ def test_one_expert_is_a_run_time_k(decision):
     _check_routings(kernel, [[45], [0], [3], [200]])
 
 
+@RUNS
+def test_a_heuristic_with_the_separate_fixup_keeps_every_tile_whole():
+    """The separate fix-up cannot merge a tile count only the device knows: the heuristic
+    keeps the tiles whole and says why (it stopped on the compile-time tile count it does not
+    have; found by the workload fuzz on a grouped GEMM)."""
+    sch = _schedule()
+    plan = tvm_streamk.stream_k(
+        sch, "C_update", policy="heuristic", fixup="separate", num_sms=3, target=OPENCL
+    )
+    assert plan.policy == "data_parallel", plan
+    assert "fixup='separate' for the grouped weight gradient" in plan.reason
+    _check_routings(pocl.compile(sch.mod, "tvm_streamk"), ROUTINGS[:3])
+
+
 # Shapes whose kernel as written TVM cannot bound: the token panels' staging buffers sized over
 # every token (stock TVM stops on them too). Found by the workload fuzz at N = 1, K = 1.
 UNBOUNDED_AS_WRITTEN = [(1, 40), (10, 3), (24, 1)]

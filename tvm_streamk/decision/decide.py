@@ -287,8 +287,11 @@ def _chosen(site, request, sms, fixup, target, bps, dp_bps, warps):
     try:
         chosen = _choose(site, request, sms, bps, fixup, dp_bps, busy, cost)
         if fixup_refusal is not None and not chosen.scheme.is_original:
-            chosen = decomposition.plan(
-                site.tiles, site.panels, sms.planned, dp_bps or bps, rules.original_policy()
+            # A run-time tile count's too (a grouped GEMM's with the separate fix-up, found by
+            # the workload fuzz: it stopped on the compile-time count it does not have).
+            planner = decomposition.plan_at_run_time if site.runtime_tiles else decomposition.plan
+            chosen = planner(
+                site.tile_count, site.panels, sms.planned, dp_bps or bps, rules.original_policy()
             ).with_reason(f"data-parallel: the fix-up cannot split a tile here ({fixup_refusal})")
     except decomposition.DecompositionError as err:
         raise StreamKError.stated("decomposition", str(err)) from None

@@ -137,11 +137,6 @@ def check_group(group: int | None, site) -> None:
         )
 
 
-def _grouped(site) -> str:
-    """What a ragged site is called in messages."""
-    return "grouped weight gradient" if site.ragged.reduction else "grouped GEMM"
-
-
 def check_ragged(site, policy: str) -> None:
     """Refuse a decision a grouped GEMM cannot take.
 
@@ -154,15 +149,15 @@ def check_ragged(site, policy: str) -> None:
     if not walks_run_time_tiles(policy, on_device=True):
         raise StreamKError(
             COND_RAGGED,
-            f"policy={policy!r} for the {_grouped(site)} of {_where(site)}, whose tile count only "
-            "the device knows",
+            f"policy={policy!r} for the {site.ragged.kind} of {_where(site)}, whose tile count "
+            "only the device knows",
             f"Pass {_run_time_capable(on_device=True)}.",
         )
     original = policies.chooser(policy) is None and policies.get(policy).is_original
     if site.fragment_accumulator and not original:
         raise StreamKError(
             COND_RAGGED,
-            f"a tensor-core fragment accumulator in the {_grouped(site)} of {_where(site)}",
+            f"a tensor-core fragment accumulator in the {site.ragged.kind} of {_where(site)}",
             "Fragments take only aligned splits fixed at compile time: use policy="
             "'data_parallel', or accumulate in registers.",
         )
@@ -279,7 +274,7 @@ def check_invariant_ragged(site) -> None:
         return
     raise StreamKError(
         COND_BATCH_INVARIANT,
-        f"batch_invariant=True for the {_grouped(site)} of {_where(site)}",
+        f"batch_invariant=True for the {site.ragged.kind} of {_where(site)}",
         "Not built for a ragged K: a group's chunk grid would follow its own token count, "
         "which only the device knows. Drop batch_invariant; policy='data_parallel' sums every "
         "tile in token order in one block, the same bits whatever the other groups hold.",

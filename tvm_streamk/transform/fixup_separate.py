@@ -76,8 +76,8 @@ class SeparateFixup(WorkspaceFixup):
         if site.ragged is not None:
             raise StreamKError(
                 COND_SEPARATE,
-                f"fixup='separate' for the grouped GEMM block {site.block.name_hint!r}, whose "
-                "tile count only the device knows",
+                f"fixup='separate' for the {site.ragged.kind} block {site.block.name_hint!r}, "
+                "whose tile count only the device knows",
                 "Use fixup='workspace' (or 'auto').",
             )
         if site.fragment_accumulator:
