@@ -33,20 +33,24 @@ from tvm_streamk.errors import StreamKError
 MIN_DECIDED_SHARE = 0.5
 # TVM_STREAMK_FUZZ_SEED=<n> draws other cases than the suite's fixed ones (a campaign).
 FUZZ_SEED = os.environ.get("TVM_STREAMK_FUZZ_SEED")
-SETTINGS = settings(
-    max_examples=int(os.environ.get("TVM_STREAMK_FUZZ_EXAMPLES", "24")),
-    deadline=None,
-    derandomize=FUZZ_SEED is None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+EXAMPLES = os.environ.get("TVM_STREAMK_FUZZ_EXAMPLES")
 
 
-def drawn(test):
-    """``test`` (a ``@given`` function) under :data:`SETTINGS`, seeded by
-    ``TVM_STREAMK_FUZZ_SEED`` where it is set."""
-    test = SETTINGS(test)
-    return seed(int(FUZZ_SEED))(test) if FUZZ_SEED is not None else test
+def drawn(default_examples: int = 24):
+    """A decorator running a ``@given`` function on ``default_examples`` cases (or
+    ``TVM_STREAMK_FUZZ_EXAMPLES``), seeded by ``TVM_STREAMK_FUZZ_SEED`` where it is set."""
+
+    def wrap(test):
+        test = settings(
+            max_examples=int(EXAMPLES or default_examples),
+            deadline=None,
+            derandomize=FUZZ_SEED is None,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        )(test)
+        return seed(int(FUZZ_SEED))(test) if FUZZ_SEED is not None else test
+
+    return wrap
 
 
 @st.composite
@@ -106,7 +110,7 @@ def matmul_reference(args):
 def test_every_accepted_knob_combination_builds_and_runs():
     outcomes = Counter()
 
-    @drawn
+    @drawn()
     @given(schedules(), knobs())
     def fuzz(case, decision):
         outcomes[_builds_and_runs(case, decision)] += 1
@@ -155,7 +159,7 @@ def test_every_accepted_knob_combination_on_a_run_time_m():
     could not bound (test_runtime_tiles.py)."""
     outcomes = Counter()
 
-    @drawn
+    @drawn()
     @given(run_time_m_cases(), run_time_knobs())
     def fuzz(case, decision):
         n, k, tiles, ms = case
