@@ -6,8 +6,9 @@ bias + ReLU epilogue and a batch axis; grouped GEMMs and the ragged-K weight gra
 run-time token count, each built once and run at drawn routings (empty groups included);
 convolutions of one and two spatial axes through ``implicit_gemm_schedule``. A refusal (with
 its reason) is allowed; an accepted decision must build, match float64 numpy with the output
-poisoned (NaN) first, and build for sm_80 where nvcc is installed. The default suite draws a few cases per test;
-``TVM_STREAMK_FUZZ_EXAMPLES`` and ``TVM_STREAMK_FUZZ_SEED`` make a campaign (docs/testing.md).
+poisoned (NaN) first, and build for sm_80 where nvcc is installed. The default suite draws a
+few cases per test; ``TVM_STREAMK_FUZZ_EXAMPLES`` and ``TVM_STREAMK_FUZZ_SEED`` make a
+campaign (docs/testing.md).
 """
 
 from collections import Counter
@@ -42,10 +43,13 @@ def tiles(draw) -> dict:
     }
 
 
-def auto_fixup_half_the_time(draw, decision: dict) -> dict:
-    """``decision`` with the fix-up left to the decision in half the cases: a fix-up named
-    with an epilogue, determinism or batch invariance is often refused (with its reason),
-    and most cases must be decided."""
+def fewer_conflicts(draw, decision: dict) -> dict:
+    """``decision`` with the device's grid for Stream-K alone, and the fix-up left to the
+    decision in half the cases: the other policies refuse the device's grid, and a fix-up
+    named with an epilogue, determinism or batch invariance is often refused (each with its
+    reason; test_knob_fuzz.py draws them), and most cases here must be decided."""
+    if decision["num_sms"] == "device" and decision["policy"] != "stream_k":
+        decision["num_sms"] = draw(st.integers(1, 7))
     if draw(st.booleans()):
         decision["fixup"] = "auto"
     return decision
@@ -53,8 +57,8 @@ def auto_fixup_half_the_time(draw, decision: dict) -> dict:
 
 @st.composite
 def workload_knobs(draw) -> dict:
-    """test_knob_fuzz.py's knobs, the fix-up ``auto`` in half the cases."""
-    return auto_fixup_half_the_time(draw, draw(knobs()))
+    """test_knob_fuzz.py's knobs, with :func:`fewer_conflicts`."""
+    return fewer_conflicts(draw, draw(knobs()))
 
 
 def _decide(sch, decision, outcomes) -> bool:
@@ -145,16 +149,14 @@ def routings(draw, groups: int) -> list[list[int]]:
 @st.composite
 def grouped_knobs(draw, ragged: bool = False) -> dict:
     """The run-time knobs, of the policies a device-known tile count takes (split-K is
-    refused there, with its reason: test_grouped.py), the device's grid for Stream-K alone;
-    no batch invariance for a ragged K (refused, with its reason: test_ragged_k.py)."""
+    refused there, with its reason: test_grouped.py), with :func:`fewer_conflicts`; no batch
+    invariance for a ragged K (refused, with its reason: test_ragged_k.py)."""
     out = draw(run_time_knobs())
     out["policy"] = draw(st.sampled_from(["data_parallel", "stream_k", "stream_k", "heuristic"]))
     out.pop("splits", None)
-    if out["num_sms"] == "device" and out["policy"] != "stream_k":
-        out["num_sms"] = draw(st.integers(1, 7))
     if ragged:
         out["batch_invariant"] = False
-    return auto_fixup_half_the_time(draw, out)
+    return fewer_conflicts(draw, out)
 
 
 @st.composite
