@@ -59,3 +59,15 @@ def test_the_compute_unit_count_is_asked_for():
     sch = workloads.reference_schedule(workloads.gemm(45, 70, 53))
     with pytest.raises(StreamKError, match="num_sms"):
         tvm_streamk.stream_k(sch, "C_update", target=WEBGPU, policy="heuristic")
+
+
+def test_a_grid_read_from_the_device_is_refused():
+    # WebGPU reports no compute-unit count for num_sms="device" to read: accepted, the host
+    # code asked the runtime for it (found by a WebGPU campaign of the workload fuzz).
+    sch = workloads.reference_schedule(workloads.gemm(45, 70, 53))
+    with pytest.raises(StreamKError, match=r"\[num-sms\].*webgpu devices report no"):
+        tvm_streamk.stream_k(sch, "C_update", num_sms="device", target=WEBGPU, policy="stream_k")
+    # A decision made for another target is refused by the lowering for WebGPU.
+    tvm_streamk.stream_k(sch, "C_update", num_sms="device", policy="stream_k")
+    with pytest.raises(Exception, match=r"\[num-sms\].*webgpu devices report no"):
+        tvm.compile(sch.mod, target=WEBGPU, tir_pipeline="tvm_streamk")

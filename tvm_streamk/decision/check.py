@@ -41,7 +41,7 @@ def check(site, decision: Decision, target: tvm.target.Target | None = None):
     rules.check_ragged(site, decision.policy)
     rules.check_runtime_tiles(site, decision.policy, decision.group)
     if decision.num_sms == DEVICE_SMS:
-        rules.check_runtime_grid(decision.policy, site)
+        rules.check_runtime_grid(decision.policy, site, target)
     try:
         plan = resolve(site, decision, target)
     except decomposition.DecompositionError as err:

@@ -67,6 +67,17 @@ def _run_time_capable(on_device: bool = False) -> str:
     return "policy=" + " or ".join(map(repr, names))
 
 
+def _capability(target, name: str, default):
+    """The memory model's ``name`` for ``target`` (:mod:`tvm_streamk.memory_model`);
+    ``default`` before a target is known, or for a kind without a model."""
+    if target is None:
+        return default
+    try:
+        return getattr(for_target(target), name)
+    except StreamKError:
+        return default
+
+
 def takes_aligned_nest(plan, chunked: bool, target) -> bool:
     """Whether ``plan`` is lowered as the aligned nest: an aligned split (blocks
     ``tile * S + s``, the band's loops kept in their row-major order) of a plan that does not
@@ -213,16 +224,25 @@ def check_runtime_tiles(site, policy: str, group: int | None) -> None:
         )
 
 
-def check_runtime_grid(policy: str, site) -> None:
+def check_runtime_grid(policy: str, site, target=None) -> None:
     """Refuse a grid read from the device at run time (``num_sms="device"``) where it cannot
     work.
 
     Only a policy whose closed forms take a grid variable can; the others fix their grid from
     the SM count at compile time, and a chooser needs the count to choose. Tensor-core
     fragments take only the aligned split-K, whose grid is the tile count times the split.
-    Every fix-up works: the workspace is sized for the largest grid the run time launches
+    Only a target whose devices report their multiprocessor count
+    (:attr:`~tvm_streamk.memory_model.MemoryModel.device_sms`; not WebGPU). Every fix-up works:
+    the workspace is sized for the largest grid the run time launches
     (:meth:`~tvm_streamk.decomposition.Plan.runtime_grid_bound`).
     """
+    if not _capability(target, "device_sms", True):
+        raise StreamKError(
+            COND_RUNTIME_GRID,
+            f"num_sms='device' for a {target.kind.name} kernel ({_where(site)})",
+            f"{target.kind.name} devices report no multiprocessor count to read at run time: "
+            "pass num_sms (for lavapipe, tvm_streamk.webgpu.compute_units()).",
+        )
     if site.fragment_accumulator:
         raise StreamKError(
             COND_RUNTIME_GRID,
@@ -355,14 +375,7 @@ COND_INDEX_WIDTH = "index-width"
 def check_index_width(plan, site, target) -> None:
     """Refuse a plan whose closed forms need wider integers than the target's kernels have
     (WebGPU: 32 bits, :attr:`tvm_streamk.memory_model.MemoryModel.index_bits`)."""
-    if target is None:
-        return
-    from ..memory_model import for_target
-
-    try:
-        bits = for_target(target).index_bits
-    except StreamKError:
-        return
+    bits = _capability(target, "index_bits", 64)
     if plan.scheme.is_original or bits >= 64:
         return
     if site.runtime_tiles:

@@ -31,6 +31,9 @@ class MemoryModel:
         Whether kernels may bind ``blockIdx.z``. Where they may not (TVM's WebGPU runtime
         reserves it for folding wide grids), aligned split-K, which gives the splits to
         ``blockIdx.z``, is lowered as the persistent walk of the same plan instead.
+    device_sms : bool
+        Whether the host can ask the device its multiprocessor count at run time
+        (``num_sms="device"``; WebGPU reports none).
     cumulative_fences : bool
         Whether one thread's device-scope fence also orders the accesses the other threads of
         its block made before a block barrier (PTX's fences are cumulative). Then a block's
@@ -49,6 +52,7 @@ class MemoryModel:
     orders_handoffs: ClassVar[bool] = True
     index_bits: ClassVar[int] = 64
     grid_z: ClassVar[bool] = True
+    device_sms: ClassVar[bool] = True
     cumulative_fences: ClassVar[bool] = False
     truncating_divisions: ClassVar[bool] = False
     staged_partial_reads: ClassVar[bool] = False

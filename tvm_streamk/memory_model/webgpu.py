@@ -10,7 +10,8 @@ instruction to use (TVM 0.27's WGSL code generator emits no atomics), and is ref
 (:meth:`atomic_add_error`). The separate fix-up needs neither: its partials cross a dispatch
 boundary, which orders storage accesses (:mod:`tvm_streamk.transform.fixup_separate`).
 Closed forms must stay 32-bit (:attr:`index_bits`), and ``blockIdx.z`` is the runtime's
-(:attr:`grid_z`: TVM's WGSL code generator refuses it, keeping it for wide grids).
+(:attr:`grid_z`: TVM's WGSL code generator refuses it, keeping it for wide grids). WebGPU
+reports no compute-unit count: no grid is read from the device (:attr:`device_sms`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class WebGPUMemoryModel(MemoryModel):
     orders_handoffs = False
     index_bits = 32
     grid_z = False
+    device_sms = False
 
     def fence(self) -> tirx.Stmt:
         raise ValueError("WGSL has no device-scope fence (storageBarrier orders one workgroup)")
