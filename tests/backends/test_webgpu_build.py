@@ -71,3 +71,18 @@ def test_a_grid_read_from_the_device_is_refused():
     tvm_streamk.stream_k(sch, "C_update", num_sms="device", policy="stream_k")
     with pytest.raises(Exception, match=r"\[num-sms\].*webgpu devices report no"):
         tvm.compile(sch.mod, target=WEBGPU, tir_pipeline="tvm_streamk")
+
+
+@pytest.mark.parametrize("policy", ["data_parallel", "heuristic", "stream_k"])
+@pytest.mark.parametrize(
+    "func",
+    [workloads.grouped_gemm(3, 40, 56), workloads.grouped_weight_grad(3, 40, 56)],
+    ids=["grouped_gemm", "weight_gradient"],
+)
+def test_grouped_sites_are_refused_for_their_64_bit_tile_count(func, policy):
+    # Their kernels read the tile count on the device in 64 bits, data-parallel's too.
+    # Before, data_parallel was refused for want of a fix-up with the advice to use
+    # data_parallel (a WebGPU campaign of the workload fuzz), or accepted and not built.
+    sch = workloads.reference_schedule(func, bm=16, bn=16, bk=8, tm=2, tn=2)
+    with pytest.raises(StreamKError, match=r"\[index-width\].*64-bit integers"):
+        tvm_streamk.stream_k(sch, "C_update", num_sms=3, target=WEBGPU, policy=policy)

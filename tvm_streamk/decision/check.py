@@ -38,7 +38,7 @@ def check(site, decision: Decision, target: tvm.target.Target | None = None):
     rules.check_batch_invariant(site, decision)
     rules.check_one_panel_loop(site)
     rules.check_group(decision.group, site)
-    rules.check_ragged(site, decision.policy)
+    rules.check_ragged(site, decision.policy, target)
     rules.check_runtime_tiles(site, decision.policy, decision.group)
     if decision.num_sms == DEVICE_SMS:
         rules.check_runtime_grid(decision.policy, site, target)

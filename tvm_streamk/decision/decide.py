@@ -157,7 +157,7 @@ def decide(
             site = site.chunked(chunk)
     rules.check_one_panel_loop(site)
     rules.check_group(request.group, site)
-    rules.check_ragged(site, request.policy)
+    rules.check_ragged(site, request.policy, target)
     rules.check_runtime_tiles(site, request.policy, request.group)
     sms = sm_count(request, site, target)
     fixup = fixup_for(request, site, target)

@@ -20,6 +20,7 @@ from .record import COND_DECISION, DEVICE_SMS, TARGET_SMS, Decision
 
 # Condition names of the rules below, as StreamKError.condition reports them.
 COND_RUNTIME_GRID = "num-sms"
+COND_INDEX_WIDTH = "index-width"
 COND_GROUP = "group"
 COND_FRAGMENT_SPLIT = "fragment-aligned-split"
 COND_PANEL_CHAIN = "panel-loop"
@@ -148,15 +149,27 @@ def check_group(group: int | None, site) -> None:
         )
 
 
-def check_ragged(site, policy: str) -> None:
+def check_ragged(site, policy: str, target=None) -> None:
     """Refuse a decision a grouped GEMM cannot take.
 
-    Its tile count is read on the device (:mod:`tvm_streamk.analysis.ragged`), so only a
-    policy that walks a run-time tile count can take it (:func:`walks_run_time_tiles`); a
-    tensor-core fragment only the kernel as written.
+    Its tile count is read on the device (:mod:`tvm_streamk.analysis.ragged`), in 64 bits,
+    so no target of narrower integers (WebGPU) takes any policy, and only a policy that
+    walks a run-time tile count can take it (:func:`walks_run_time_tiles`); a tensor-core
+    fragment only the kernel as written.
     """
     if site.ragged is None:
         return
+    bits = _capability(target, "index_bits", 64)
+    if bits < 64:
+        # Found by a WebGPU campaign of the workload fuzz: data-parallel was refused for want
+        # of a fix-up, with the advice to use data-parallel, then did not build.
+        raise StreamKError(
+            COND_INDEX_WIDTH,
+            f"the {site.ragged.kind} of {_where(site)}, whose tile count its kernels read on "
+            f"the device in 64-bit integers (data-parallel's too), past the {bits}-bit "
+            f"integers of a {target.kind.name} kernel",
+            "Build a GEMM per group of a fixed row count, or run it on another target.",
+        )
     if not walks_run_time_tiles(policy, on_device=True):
         raise StreamKError(
             COND_RAGGED,
@@ -369,14 +382,13 @@ def check_batch_invariant(site, decision: Decision) -> None:
     )
 
 
-COND_INDEX_WIDTH = "index-width"
-
-
 def check_index_width(plan, site, target) -> None:
     """Refuse a plan whose closed forms need wider integers than the target's kernels have
     (WebGPU: 32 bits, :attr:`tvm_streamk.memory_model.MemoryModel.index_bits`)."""
     bits = _capability(target, "index_bits", 64)
-    if plan.scheme.is_original or bits >= 64:
+    if bits >= 64:
+        return
+    if plan.scheme.is_original:
         return
     if site.runtime_tiles:
         # No compile-time bound: the closed forms are 64-bit (transform._ir.index_dtype).
