@@ -4,7 +4,8 @@ first adapter (Mesa's lavapipe here, a CPU Vulkan whose threads run workgroups c
 Every Stream-K kernel takes the separate fix-up (the only one WGSL's memory model allows,
 :mod:`tvm_streamk.memory_model.webgpu`). Inputs are fresh random arrays, outputs poisoned (NaN)
 before every call, results compared with float64 numpy at the PoCL suites' tolerances: every
-policy at uneven shapes on the reference and dlight schedules, GEMV, batched GEMM, a fused fp16
+policy at uneven shapes on the reference and dlight schedules, GEMV, batched GEMM, data-parallel
+kernels of a batch the schedule binds to ``blockIdx.z`` (walked on ``blockIdx.x``), a fused fp16
 epilogue in WGSL's ``f16``, docs/webgpu.md's snippet, and the Stream-K kernels of a
 transformer block that ``relax_pipeline(Target("webgpu"))`` compiled, against TVM's LLVM
 build of each. A run-time tile count (dynamic M) is refused with the reason: its closed forms
@@ -21,10 +22,18 @@ from tvm.relax.frontend import nn
 from tvm.s_tir import Schedule
 
 import tvm_streamk
-from tests.helpers import FP32_TOL, POLICIES, POLICY_IDS, ROOT, python_snippets
+from tests.helpers import (
+    FP32_TOL,
+    POLICIES,
+    POLICY_IDS,
+    ROOT,
+    conv_reference_for,
+    python_snippets,
+)
 from tests.kernels import LinearBlock, dlight_matmul, gemv_schedule, matmul_reference, update_block
 from tvm_streamk import webgpu, workloads
 from tvm_streamk._compat import dlight
+from tvm_streamk.analysis import first_site
 from tvm_streamk.errors import StreamKError
 from tvm_streamk.relax_pipeline import fusion_passes
 
@@ -88,6 +97,56 @@ def test_batched_gemm():
     plan = tvm_streamk.stream_k(sch, "C_update", num_sms=4, target=WEBGPU)
     assert plan.split_tiles
     error, _ = _error(sch, func)
+    assert error <= FP32_TOL
+
+
+# Data-parallel decisions of kernels that bind a batch (even one wide) to blockIdx.z, which
+# TVM's WGSL generator refuses: the reference schedule's GEMMs, the implicit-GEMM schedule's
+# convolutions. Found by a WebGPU campaign of the workload fuzz (accepted, then TVM's WebGPU
+# build stopped on the kernel as written).
+# A batch-invariant one of a single chunk (one panel) is the kernel as written too.
+BATCH_ON_Z = [
+    ({"policy": "data_parallel"}, False, 32),
+    ({"policy": "heuristic"}, False, 32),
+    ({"policy": "data_parallel"}, True, 4),
+]
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize(
+    "decision, batch_invariant, k", BATCH_ON_Z, ids=["data_parallel", "heuristic", "invariant"]
+)
+def test_a_batch_on_blockidx_z_is_walked_one_block_per_tile(decision, batch_invariant, k, batch):
+    # 3 x 3 tiles of 16 x 8 a batch, 8 panels: data-parallel is what the heuristic chooses.
+    func = workloads.gemm(40, 24, k, batch=batch)
+    sch = workloads.reference_schedule(func, bm=16, bn=8, bk=4, tm=2, tn=2)
+    assert "blockIdx.z" in sch.mod.script()  # the batch, even one wide
+    plan = tvm_streamk.stream_k(
+        sch, "C_update", num_sms=4, target=WEBGPU, batch_invariant=batch_invariant, **decision
+    )
+    assert plan.policy == "data_parallel", plan
+    assert "which webgpu reserves" in plan.reason or batch_invariant, plan.reason
+    error, kernel = _error(sch, func)
+    assert error <= FP32_TOL
+    assert len(kernel.launches) == 1, kernel
+
+
+CONVOLUTIONS = [
+    dict(data_shape=(2, 9, 9, 6), weight_shape=(3, 3, 6, 5), layout="NHWC", padding=1,
+         epilogue="bias_relu"),
+    dict(data_shape=(1, 6, 12), weight_shape=(5, 6, 3), layout="NCW", stride=2),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("build", CONVOLUTIONS, ids=lambda b: b["layout"])
+@pytest.mark.parametrize("policy", ["data_parallel", "heuristic"])
+def test_an_implicit_gemm_convolution_of_a_batch_is_walked(policy, build):
+    func = workloads.conv(**build)
+    sch = workloads.implicit_gemm_schedule(func, bm=16, bn=8, bk=4, tm=2, tn=2)
+    plan = tvm_streamk.stream_k(sch, first_site(sch.mod["main"]).block.name_hint, num_sms=4,
+                                target=WEBGPU, policy=policy)  # fmt: skip
+    assert plan.policy == "data_parallel", plan
+    error, _ = _error(sch, func, conv_reference_for(build))
     assert error <= FP32_TOL
 
 

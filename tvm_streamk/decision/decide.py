@@ -205,6 +205,11 @@ def decide(
             "offsets (the kernel as written launches a tile per group for the largest group's "
             "every row tile)"
         )
+    if chosen.scheme.is_original and rules.walks_reserved_grid_z(site, target):
+        chosen = chosen.with_reason(
+            f"{chosen.reason}; one block per tile walked on blockIdx.x: the kernel as written "
+            f"binds blockIdx.z, which {target.kind.name} reserves"
+        )
     if chunk:
         count = chunks.chunk_count(site.kernel_panels, chunk)
         counted = "its aligned split" if site.fragment_accumulator else "the plan"

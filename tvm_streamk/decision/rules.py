@@ -88,6 +88,16 @@ def takes_aligned_nest(plan, chunked: bool, target) -> bool:
     return target is None or for_target(target).grid_z
 
 
+def walks_reserved_grid_z(site, target) -> bool:
+    """Whether the kernel as written binds ``blockIdx.z`` (a batch, a group, even one wide) on
+    a target whose runtime reserves it (``MemoryModel.grid_z``): a data-parallel decision is
+    then lowered as a persistent walk of one block per tile, which binds ``blockIdx.x`` only,
+    where the kernel as written would not build."""
+    if target is None or for_target(target).grid_z:
+        return False
+    return "blockIdx.z" in site.band_tags
+
+
 def check_recorded(decision: Decision, site) -> None:
     """Refuse recorded numbers outside their domain (a decision written by hand, or sampled)."""
     if (
