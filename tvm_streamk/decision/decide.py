@@ -22,6 +22,7 @@ from ..run_time_choice import StreamKOrDataParallel, describe, stream_k_buckets
 from . import rules
 from .check import check
 from .record import DEVICE_SMS, TARGET_SMS, Decision
+from .resolve import resolve
 
 COND_NUM_SMS = "num-sms"
 COND_KNOB = "knob"
@@ -292,12 +293,21 @@ def _chosen(site, request, sms, fixup, target, bps, dp_bps, warps):
     try:
         chosen = _choose(site, request, sms, bps, fixup, dp_bps, busy, cost)
         if fixup_refusal is not None and not chosen.scheme.is_original:
-            # A run-time tile count's too (a grouped GEMM's with the separate fix-up, found by
-            # the workload fuzz: it stopped on the compile-time count it does not have).
-            planner = decomposition.plan_at_run_time if site.runtime_tiles else decomposition.plan
-            chosen = planner(
-                site.tile_count, site.panels, sms.planned, dp_bps or bps, rules.original_policy()
-            ).with_reason(f"data-parallel: the fix-up cannot split a tile here ({fixup_refusal})")
+            # Resolved as the check resolves it: a run-time tile count's too (a grouped GEMM's
+            # with the separate fix-up, found by the workload fuzz: it stopped on the
+            # compile-time count it does not have).
+            kept = Decision(
+                policy=rules.original_policy(),
+                variant=None,
+                num_sms=sms.recorded,
+                splits=1,
+                blocks_per_sm=dp_bps or bps,
+                fixup=fixup,
+                group=request.group or 0,
+            )
+            chosen = resolve(site, kept, target).with_reason(
+                f"data-parallel: the fix-up cannot split a tile here ({fixup_refusal})"
+            )
     except decomposition.DecompositionError as err:
         raise StreamKError.stated("decomposition", str(err)) from None
     decision = Decision(
