@@ -55,6 +55,23 @@ def test_a_plan_past_32_bits_is_refused():
     tvm_streamk.stream_k(sch, "C_update", num_sms=132, target=WEBGPU, policy="data_parallel")
 
 
+def test_a_batch_walked_one_block_per_tile_past_32_bits_is_refused():
+    # The kernel as written binds the batch to blockIdx.z, which WebGPU reserves: its
+    # data-parallel decision is walked by closed forms (tile x panel units), here 2^26 tiles
+    # of 2048 panels, and refused with the reason. The same tiles without a batch (no
+    # blockIdx.z) are the kernel as written; 4096^3 twice in 32 x 32 x 8 tiles is walked.
+    tiles = {"bm": 8, "bn": 8, "bk": 4, "tm": 2, "tn": 2}
+    sch = workloads.reference_schedule(workloads.gemm(8192, 8192, 8192, batch=64), **tiles)
+    with pytest.raises(StreamKError, match=r"\[index-width\].*does not bind blockIdx.z"):
+        tvm_streamk.stream_k(sch, "C_update", num_sms=4, target=WEBGPU, policy="data_parallel")
+    sch = workloads.reference_schedule(workloads.gemm(8192, 8192, 8192), **tiles)
+    tvm_streamk.stream_k(sch, "C_update", num_sms=4, target=WEBGPU, policy="data_parallel")
+    sch = workloads.reference_schedule(workloads.gemm(4096, 4096, 4096, batch=2))
+    plan = tvm_streamk.stream_k(sch, "C_update", num_sms=4, target=WEBGPU, policy="data_parallel")
+    assert "which webgpu reserves" in plan.reason
+    assert "i64" not in _wgsl(sch)
+
+
 def test_the_compute_unit_count_is_asked_for():
     sch = workloads.reference_schedule(workloads.gemm(45, 70, 53))
     with pytest.raises(StreamKError, match="num_sms"):

@@ -53,7 +53,8 @@ def check(site, decision: Decision, target: tvm.target.Target | None = None):
             f"{site.panels} panels)",
         ) from None
     rules.check_fragment_plan(plan, site)
-    rules.check_index_width(plan, site, target)
+    chunked = bool(decision.chunk) and not site.fragment_accumulator
+    rules.check_index_width(plan, site, target, chunked)
     if not plan.scheme.is_original:
         rules.check_fixup(site, decision.fixup, target)
     return plan

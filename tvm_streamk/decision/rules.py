@@ -392,14 +392,24 @@ def check_batch_invariant(site, decision: Decision) -> None:
     )
 
 
-def check_index_width(plan, site, target) -> None:
+def check_index_width(plan, site, target, chunked: bool = False) -> None:
     """Refuse a plan whose closed forms need wider integers than the target's kernels have
-    (WebGPU: 32 bits, :attr:`tvm_streamk.memory_model.MemoryModel.index_bits`)."""
+    (WebGPU: 32 bits, :attr:`tvm_streamk.memory_model.MemoryModel.index_bits`). A
+    data-parallel plan is the kernel as written, which computes none, unless its own closed
+    forms walk it: a batch-invariant one of several chunks (``chunked``: ``plan`` counts
+    chunks), or one whose kernel as written binds the ``blockIdx.z`` the target reserves
+    (:func:`walks_reserved_grid_z`)."""
     bits = _capability(target, "index_bits", 64)
     if bits >= 64:
         return
-    if plan.scheme.is_original:
-        return
+    advice = "Use fewer blocks (num_sms, blocks_per_sm), larger tiles, or policy='data_parallel'."
+    if plan.scheme.is_original and not (chunked and plan.panels > 1):
+        if not walks_reserved_grid_z(site, target) or site.runtime_tiles:
+            return
+        advice = (
+            "Use larger tiles, or a schedule that does not bind blockIdx.z (the kernel as "
+            "written binds it, so it is walked one block per tile)."
+        )
     if site.runtime_tiles:
         # No compile-time bound: the closed forms are 64-bit (transform._ir.index_dtype).
         raise StreamKError(
@@ -417,5 +427,5 @@ def check_index_width(plan, site, target) -> None:
             f"a {plan.label} plan of {plan.tiles} tiles x {plan.panels} panels on grid "
             f"{plan.grid} for {_where(site)}, whose closed forms reach {need:,}, past the "
             f"{bits}-bit integers of a {target.kind.name} kernel",
-            "Use fewer blocks (num_sms, blocks_per_sm), larger tiles, or policy='data_parallel'.",
+            advice,
         )

@@ -135,7 +135,8 @@ def rewrite(
     if as_written and rules.walks_reserved_grid_z(site, target):
         # The kernel as written binds blockIdx.z, which TVM's WebGPU runtime keeps for wide
         # grids and its WGSL generator refuses (the reference schedule's batch, even one wide):
-        # the same tiles, one block each, walked on blockIdx.x. Found by a WebGPU campaign of
+        # the same tiles, one block each, walked on blockIdx.x by the data-parallel plan's own
+        # closed forms (rules.check_index_width bounds them). Found by a WebGPU campaign of
         # the workload fuzz (tests/backends/test_webgpu.py).
         as_written, whole_tiles = False, True
     if (
@@ -164,12 +165,7 @@ def rewrite(
         plan = decomposition.plan_at_run_time(
             site.tile_count, site.panels, site.ragged.real_tiles, 1, "stream_k"
         )
-    elif whole_tiles and site.ragged is None:
-        # A kernel as written walked where it cannot bind its grid (above): Stream-K on as
-        # many blocks as tiles is one whole tile a block (or a batch-invariant tile's chunks).
-        units = site.panels if chunked is None else chunked[1]
-        plan = decomposition.plan(site.tile_count, units, site.tile_count, 1, "stream_k")
-    elif whole_tiles:
+    elif whole_tiles and site.ragged is not None:
         # A grouped GEMM's data-parallel kernel: one block per tile the groups hold (the
         # closed forms of Stream-K on as many blocks as tiles), not the padded band. A
         # batch-invariant one walks its tile's chunks, merged in chunk order.
