@@ -16,9 +16,10 @@ from tvm import te, topi
 from tvm.s_tir import dlight as dl
 from tvm.s_tir.meta_schedule.testing import te_workload
 
+import tvm_streamk
 from tests.conv_cases import CONV_CASES, TE_CONV_CASES
 from tests.dlight_sites import A100, FIXUPS, FP32_TOL, pipeline_route, schedule_with
-from tests.helpers import block_idx_extents, conv_reference_for
+from tests.helpers import H100, block_idx_extents, conv_reference_for
 from tests.kernels import te_conv
 from tvm_streamk import pocl, workloads
 from tvm_streamk.analysis import first_site
@@ -29,6 +30,7 @@ from tvm_streamk.dlight import (
     StreamKImplicitGEMM,
     StreamKMatmul,
 )
+from tvm_streamk.errors import StreamKError
 from tvm_streamk.transform.group_axis import split_group_axis
 
 on_every_pocl = pytest.mark.usefixtures("opencl")
@@ -261,6 +263,14 @@ def test_rules_refuse_policy_knobs_that_no_kernel_could_take():
         StreamKMatmul(policy="stream_k", splits=2)
     with pytest.raises(DecompositionError, match="splits must be a positive int, found 0"):
         StreamKDepthwise(policy="split_k", splits=0)
+    # Every knob stream_k refuses whatever the kernel, the pipeline's too (found by the model
+    # fuzz: batch invariance with the atomic fix-up was skipped kernel by kernel).
+    with pytest.raises(StreamKError, match=r"\[batch-invariant\].*fixup='atomic'"):
+        StreamKMatmul(fixup="atomic", batch_invariant=True)
+    with pytest.raises(StreamKError, match=r"\[fixup\]: found fixup='nonesuch'"):
+        StreamKImplicitGEMM(fixup="nonesuch")
+    with pytest.raises(StreamKError, match=r"\[blocks_per_sm\]: found blocks_per_sm=0"):
+        tvm_streamk.relax_pipeline(H100, blocks_per_sm=0)
 
 
 def test_the_pipeline_rules_share_the_policy_knobs():

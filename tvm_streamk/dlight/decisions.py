@@ -9,6 +9,7 @@ from tvm import tirx
 
 from .._compat import Schedule, dlight, param_buffers
 from ..analysis import first_site, is_reduction, refusals
+from ..decision import Request, validate
 from ..decomposition import check_policy_args
 from ..errors import StreamKError
 from ..gpus import UnknownGPUError, num_sms_for_target
@@ -31,8 +32,17 @@ class Config:
     batch_invariant: bool = False
 
     def __post_init__(self) -> None:
-        # What no kernel's shape decides is refused here, not once per kernel in ``skipped``.
+        # What no kernel's shape decides is refused here, not once per kernel in ``skipped``:
+        # the policy's arguments, then every knob stream_k checks before it looks at a
+        # schedule (a fix-up batch invariance cannot take, say).
         check_policy_args(self.policy, self.splits, self.variant)
+        validate(Request(**self.stream_k_kwargs))
+
+    @property
+    def stream_k_kwargs(self) -> dict:
+        """The knobs :func:`tvm_streamk.stream_k` takes as they are (all but the SM count,
+        which a rule reads for each target)."""
+        return {k: v for k, v in self.rule_kwargs.items() if k != "num_sms"}
 
     @property
     def rule_kwargs(self) -> dict:
@@ -131,16 +141,7 @@ def decide(rule, name: str, sch: Schedule, target) -> None:
         ) from None
     try:
         decisions.decided[name] = stream_k(
-            sch,
-            block,
-            num_sms=num_sms,
-            blocks_per_sm=config.blocks_per_sm,
-            policy=config.policy,
-            fixup=config.fixup,
-            splits=config.splits,
-            variant=config.variant,
-            batch_invariant=config.batch_invariant,
-            target=target,
+            sch, block, num_sms=num_sms, target=target, **config.stream_k_kwargs
         )
     except StreamKError as err:
         decisions.skipped[name] = str(err)
