@@ -25,6 +25,7 @@ from tvm import relax
 from ._compat import dlight
 from ._compat import target as as_target
 from .dlight import StreamKDepthwise, StreamKGEMV, StreamKImplicitGEMM, StreamKMatmul
+from .dlight.guarded import Guarded
 from .vector_rows import VectorRows
 
 # The targets the pipeline builds for, each with the TVM module of its default Relax pipeline's
@@ -135,15 +136,17 @@ def schedule_rules(rule: StreamKMatmul) -> list:
     that ``gpu.GEMV`` declines, :class:`~tvm_streamk.dlight.StreamKImplicitGEMM` for the
     convolutions ``gpu.Matmul`` declines and :class:`~tvm_streamk.dlight.StreamKDepthwise` for
     short depthwise reductions (the two take disjoint kernels:
-    :func:`tvm_streamk.analysis.is_depthwise` decides)."""
+    :func:`tvm_streamk.analysis.is_depthwise` decides). dlight's own ``GEMV``, ``Reduction``
+    and ``GeneralReduction`` are tried under :class:`~tvm_streamk.dlight.guarded.Guarded`: a
+    kernel one of them fails on goes to the next rule, with a warning."""
     knobs = rule.config.rule_kwargs
     return [
         rule,
-        dlight.gpu.GEMV(),
+        Guarded(dlight.gpu.GEMV()),
         StreamKGEMV(**knobs, decisions=rule.decisions),
         StreamKImplicitGEMM(**knobs, decisions=rule.decisions),
         StreamKDepthwise(**knobs, decisions=rule.decisions),
-        dlight.gpu.Reduction(),
-        dlight.gpu.GeneralReduction(),
+        Guarded(dlight.gpu.Reduction()),
+        Guarded(dlight.gpu.GeneralReduction()),
         dlight.gpu.Fallback(),
     ]

@@ -13,7 +13,7 @@ from tvm_streamk._compat import dlight
 from tvm_streamk.analysis import blocks_under
 from tvm_streamk.decision import record as ann
 from tvm_streamk.dlight import StreamKMatmul
-from tvm_streamk.relax_pipeline import relax_pipeline
+from tvm_streamk.relax_pipeline import fusion_passes, relax_pipeline, schedule_rules
 
 
 def _mlp(M: int, K: int, N: int, epilogue: bool, dtype: str = "float32") -> tvm.IRModule:
@@ -166,3 +166,37 @@ def test_rule_says_why_per_kernel():
     ((key, why),) = pipeline.rule.skipped.items()
     assert key == "kernel(mx64 float32, 64xn float32, mxn float32)"
     assert "[runtime-tiles]" in why and "all have run-time extents" in why
+
+
+@pytest.mark.usefixtures("default_opencl")
+def test_a_kernel_dlights_own_rule_stops_on_goes_to_the_next_rule():
+    """TVM 0.27's ``gpu.GEMV`` asserts on a batched matmul of one output column with a fused
+    epilogue, and stock ``tvm.compile`` stops there (found by the model fuzz). The pipeline
+    tries it under a guard: the next rule schedules the kernel, with a warning naming it."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 11, 16), "float32"))
+    w = relax.Var("w", relax.TensorType((2, 16, 1), "float32"))
+    b = relax.Var("bias", relax.TensorType((1,), "float32"))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.add(relax.op.matmul(x, w), b))
+            out = bb.emit_output(relax.op.astype(h, "float16"))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    with pytest.raises(AssertionError):
+        tvm.compile(mod, target=A100)
+    with pytest.warns(RuntimeWarning, match=r"dlight's GEMV rule stopped on kernel\(2x11x16"):
+        tvm.compile(mod, A100, relax_pipeline=relax_pipeline(A100), tir_pipeline="tvm_streamk")
+
+    rule = StreamKMatmul(num_sms=4)
+    with A100, pytest.warns(RuntimeWarning):
+        fused = tvm.transform.Sequential(fusion_passes(A100))(mod)
+        (gv,) = [gv for gv, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+        func = fused[gv]
+        scheduled = dlight.ApplyDefaultSchedule(*schedule_rules(rule))(fused)[gv]
+    assert len(rule.decided) == 1, rule.skipped
+    args = workloads.random_args(func)
+    assert np.isnan(args[-1]).all()
+    out = pocl.run(scheduled.with_attr("global_symbol", "main"), *args, pipeline="tvm_streamk")
+    ref = np.asarray(args[0], np.float64) @ np.asarray(args[1], np.float64) + args[2]
+    assert workloads.relative_error(out[-1], ref) <= 2.0**-10 + 1e-5
