@@ -8,8 +8,9 @@ policy at uneven shapes on the reference and dlight schedules, GEMV, batched GEM
 kernels of a batch the schedule binds to ``blockIdx.z`` (walked on ``blockIdx.x``), a fused fp16
 epilogue in WGSL's ``f16``, docs/webgpu.md's snippet, and the Stream-K kernels of a
 transformer block that ``relax_pipeline(Target("webgpu"))`` compiled, against TVM's LLVM
-build of each. A run-time tile count (dynamic M) is refused with the reason: its closed forms
-are 64-bit, and WGSL has no 64-bit integers.
+build of each. Stream-K on a run-time tile count (dynamic M) is refused with the reason: its
+closed forms are 64-bit, and WGSL has no 64-bit integers; its data-parallel kernel (the
+heuristic's choice there) runs at every count.
 """
 
 import subprocess
@@ -165,6 +166,33 @@ def test_a_run_time_tile_count_is_refused_with_the_reason():
     sch = workloads.reference_schedule(func, bm=16, bn=16, bk=8, tm=2, tn=2)
     with pytest.raises(StreamKError, match="64-bit integers, past the 32-bit integers of a webgpu"):
         tvm_streamk.stream_k(sch, "C_update", num_sms=3, target=WEBGPU, policy="stream_k")
+
+
+@pytest.mark.parametrize("policy", ["data_parallel", "heuristic"])
+def test_a_run_time_m_runs_data_parallel_at_every_token_count(policy):
+    # dlight's schedule of a Relax matmul of a run-time M: the kernel takes M as an int64
+    # scalar, which TVM's WGSL declares as an i32 (and its runtime packs so). The heuristic
+    # keeps data-parallel: Stream-K's closed forms of a run-time tile count are 64-bit.
+    func = dlight_matmul(tvm.tirx.Var("m", "int64"), 40, 24, dlight.gpu.Matmul(), WEBGPU)
+    sch = Schedule(func)
+    plan = tvm_streamk.stream_k(sch, update_block(sch), num_sms=4, target=WEBGPU, policy=policy)
+    assert plan.policy == "data_parallel"
+    assert policy == "data_parallel" or "integers cannot walk it" in plan.reason, plan.reason
+    kernel = webgpu.compile(sch.mod, "tvm_streamk")
+    assert "m: i32" in kernel.source
+    for tokens in (1, 37, 130):
+        args = workloads.random_args(func, np.random.default_rng(tokens), m=tokens)
+        out = kernel.run(*args)[-1]
+        assert workloads.relative_error(out, matmul_reference(args)) <= FP32_TOL, tokens
+
+
+def test_an_int64_scalar_past_the_i32_is_refused():
+    from tvm_streamk.pocl.launch import ScalarArg
+    from tvm_streamk.webgpu.runner import _pod
+
+    assert _pod("k", ScalarArg("m", "int64", 2**31 - 1)) == np.int32(2**31 - 1).tobytes()
+    with pytest.raises(webgpu.WebGPUError, match="m = 2147483648, which the int32"):
+        _pod("k", ScalarArg("m", "int64", 2**31))
 
 
 def test_a_missing_compute_unit_count_is_asked_for():

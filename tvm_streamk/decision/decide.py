@@ -278,13 +278,15 @@ def _chooses(site, request: Request) -> bool:
 
 def _chosen(site, request, sms, fixup, target, bps, dp_bps, warps):
     """``(decision, plan)`` of a request whose plan is chosen (:func:`_chooses`). A chooser
-    with a fix-up the site cannot use keeps every tile whole."""
-    fixup_refusal = None
-    if policies.chooser(request.policy) is not None:
+    keeps every tile whole where the site cannot use the fix-up, or where the target's
+    integers cannot hold the chosen plan's closed forms (a run-time tile count on WebGPU)."""
+    keep_whole = None
+    chooser = policies.chooser(request.policy) is not None
+    if chooser:
         try:
             rules.check_fixup(site, fixup, target)
         except StreamKError as err:
-            fixup_refusal = err
+            keep_whole = f"the fix-up cannot split a tile here ({err})"
     busy = None
     if dp_bps is not None and warps is not None:
         busy = cost_model.saturation(warps, dp_bps)
@@ -292,7 +294,12 @@ def _chosen(site, request, sms, fixup, target, bps, dp_bps, warps):
     cost = cost_model.cost_for(site, target, fixup)
     try:
         chosen = _choose(site, request, sms, bps, fixup, dp_bps, busy, cost)
-        if fixup_refusal is not None and not chosen.scheme.is_original:
+        if chooser and keep_whole is None and not chosen.scheme.is_original:
+            try:
+                rules.check_index_width(chosen, site, target, bool(site.chunk))
+            except StreamKError as err:
+                keep_whole = f"the {target.kind.name} kernel's integers cannot walk it ({err})"
+        if keep_whole is not None and not chosen.scheme.is_original:
             # Resolved as the check resolves it: a run-time tile count's too (a grouped GEMM's
             # with the separate fix-up, found by the workload fuzz: it stopped on the
             # compile-time count it does not have).
@@ -305,9 +312,7 @@ def _chosen(site, request, sms, fixup, target, bps, dp_bps, warps):
                 fixup=fixup,
                 group=request.group or 0,
             )
-            chosen = resolve(site, kept, target).with_reason(
-                f"data-parallel: the fix-up cannot split a tile here ({fixup_refusal})"
-            )
+            chosen = resolve(site, kept, target).with_reason(f"data-parallel: {keep_whole}")
     except decomposition.DecompositionError as err:
         raise StreamKError.stated("decomposition", str(err)) from None
     decision = Decision(

@@ -10,9 +10,9 @@ kernels as around OpenCL ones.
 How TVM's WebGPU runtime (``web/src/webgpu.ts``) calls a kernel, which :mod:`.runner` follows:
 the kernel's pointer parameters are storage buffers at bindings ``0..n-1`` in parameter order;
 its scalar parameters are the leading 32-bit members of a ``PODArgs`` uniform bound at binding
-``n``, followed by ``packGridDimX``, the launch's ``blockIdx.x`` extent; a grid wider than the
-adapter's limit per dimension is folded into ``blockIdx.z`` (reserved for it), and the WGSL
-returns early past ``packGridDimX``.
+``n`` (an int64 one as an i32), followed by ``packGridDimX``, the launch's ``blockIdx.x``
+extent; a grid wider than the adapter's limit per dimension is folded into ``blockIdx.z``
+(reserved for it), and the WGSL returns early past ``packGridDimX``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ from .errors import ShaderBuildError
 
 __all__ = ["Kernel", "Lowered", "lower", "select_primfunc", "webgpu_target"]
 
-# Scalars the PODArgs uniform can carry (4 bytes each), by TVM dtype.
-POD_DTYPES = {"int32": "i32", "uint32": "u32", "float32": "f32"}
+# Scalars the PODArgs uniform can carry (4 bytes each), by TVM dtype. An int64 scalar (a
+# Relax shape variable, a dynamic M) TVM's WGSL generator declares as i32, and its runtime
+# packs it so; the runner checks the value fits (:mod:`.runner`).
+POD_DTYPES = {"int32": "i32", "uint32": "u32", "float32": "f32", "int64": "i32"}
 _BINDING = re.compile(
     r"@group\(0\) @binding\((\d+)\) var<(storage, read|storage, read_write|uniform)> (\w+)"
 )
@@ -106,7 +108,8 @@ def _kernel(symbol: str, kernel: tvm.tirx.PrimFunc, target) -> Kernel:
             raise ShaderBuildError(
                 f"kernel {symbol!r} takes the scalar {param.name}: {prim_dtype_of(param)}; "
                 f"WebGPU's PODArgs uniform carries only {sorted(POD_DTYPES)} (WGSL has no "
-                "64-bit integers). Keep the kernel's scalar arguments 32-bit."
+                "64-bit integers; an int64 goes as an i32). Keep the kernel's scalar arguments "
+                "32-bit."
             )
     try:
         source = codegen_source(tvm.IRModule({tvm.ir.GlobalVar(symbol): kernel}), target)

@@ -19,7 +19,7 @@ from ..pocl.launch import BufferArg, LaunchPlan, ScalarArg, WorkspaceArg, extrac
 from ..pocl.signature import Param, check_arguments, signature
 from . import device
 from .errors import ShaderBuildError, WebGPUError
-from .lowering import Lowered, lower, select_primfunc
+from .lowering import POD_DTYPES, Lowered, lower, select_primfunc
 
 # Workspaces and poisoned outputs start as all-ones bytes (NaN for floats, -1 for integers).
 _POISON = 0xFF
@@ -218,7 +218,7 @@ class CompiledShader:
                     entries.append(workspaces[arg.workspace])
                 else:
                     assert isinstance(arg, ScalarArg)
-                    pods.append(np.array(arg.value, dtype=arg.dtype).tobytes())
+                    pods.append(_pod(launch.kernel, arg))
             dispatch, pack_x = self._dispatch(launch)
             pods.append(np.uint32(pack_x).tobytes())
             uniform_bytes = b"".join(pods)
@@ -267,6 +267,23 @@ class CompiledShader:
                 )
             x, z = x // 2, z * 2
         return (x, gy, z), gx
+
+
+# The numpy type of each WGSL scalar of the PODArgs uniform.
+_WGSL_SCALARS = {"i32": "int32", "u32": "uint32", "f32": "float32"}
+
+
+def _pod(kernel: str, arg: ScalarArg) -> bytes:
+    """The 4 bytes of scalar ``arg`` in the PODArgs uniform. An int64 goes as the i32 TVM's
+    WGSL declares for it (:data:`.lowering.POD_DTYPES`), where its value fits."""
+    dtype = _WGSL_SCALARS[POD_DTYPES[arg.dtype]]
+    if dtype != arg.dtype and not np.iinfo(dtype).min <= int(arg.value) <= np.iinfo(dtype).max:
+        raise WebGPUError(
+            f"{kernel} takes {arg.name} = {int(arg.value)}, which the {dtype} TVM's WGSL gives "
+            f"that {arg.dtype} scalar cannot hold (WGSL has no 64-bit integers). Run it at a "
+            "smaller size."
+        )
+    return np.array(arg.value, dtype=dtype).tobytes()
 
 
 def compile(mod, pipeline: str = "default", *, func_name: str | None = None) -> CompiledShader:  # noqa: A001
