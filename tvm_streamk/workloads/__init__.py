@@ -3,7 +3,8 @@ and the random inputs and float64 references numeric checks use.
 
 ``builders`` holds :func:`gemm`, :func:`batched_gemm` and :func:`gemv`; ``schedules`` the
 :func:`reference_schedule` of a GEMM and the :func:`implicit_gemm_schedule` of a convolution;
-``references`` :func:`random_args`, :func:`reference` and :func:`relative_error`;
+``references`` :func:`random_args`, :func:`reference`, :func:`relative_error` and
+:func:`magnitude`;
 ``relax_models`` :func:`relax_matmul`; ``convolutions`` :func:`conv` (and :func:`conv1d`,
 :func:`conv2d`, :func:`conv3d`) with :func:`conv_reference`; ``contractions``
 :func:`contraction` with :func:`contraction_reference`; ``grouped`` :func:`grouped_gemm` (G
@@ -29,7 +30,7 @@ from .grouped import (
     sort_by_expert,
 )
 from .onnx_models import ONNX_MODELS, onnx_model
-from .references import random_args, reference, relative_error
+from .references import magnitude, random_args, reference, relative_error
 from .relax_models import relax_matmul
 from .schedules import implicit_gemm_schedule, reference_schedule
 
@@ -63,6 +64,7 @@ __all__ = [
     "reference",
     "reference_schedule",
     "relative_error",
+    "magnitude",
     "relax_matmul",
     "sort_by_expert",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tvm
@@ -81,10 +81,23 @@ def reference(func: tvm.tirx.PrimFunc, args: Sequence[np.ndarray], layout: str =
     return out
 
 
-def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
-    """``max|out - ref| / max|ref|`` in float64; NaN anywhere in ``out`` gives ``inf``."""
+def relative_error(out: np.ndarray, ref: np.ndarray, scale: float | None = None) -> float:
+    """``max|out - ref| / scale`` in float64, ``scale`` ``max|ref|`` unless given; NaN anywhere
+    in ``out`` gives ``inf``.
+
+    A sum of products is as accurate as its terms are large, not as its value: where the
+    outputs may all cancel to near zero (a single output of fresh random inputs), pass the
+    largest sum of absolute products as ``scale`` (:func:`magnitude`)."""
     out = np.asarray(out, dtype=np.float64)
     if not np.all(np.isfinite(out)):
         return float("inf")
-    scale = max(float(np.max(np.abs(ref))), np.finfo(np.float64).tiny)
-    return float(np.max(np.abs(out - ref)) / scale)
+    scale = float(np.max(np.abs(ref))) if scale is None else scale
+    return float(np.max(np.abs(out - ref)) / max(scale, np.finfo(np.float64).tiny))
+
+
+def magnitude(reference_of: Callable[[list], np.ndarray], args: Sequence[np.ndarray]) -> float:
+    """The largest output of ``reference_of`` (a float64 reference, as a function of the
+    arguments, the output last) on the absolute values of the inputs: the largest sum of
+    absolute products, the scale of a GEMM's rounding error (:func:`relative_error`)."""
+    inputs = [np.abs(np.asarray(a, dtype=np.float64)) for a in args[:-1]]
+    return float(np.max(np.abs(reference_of([*inputs, args[-1]]))))
