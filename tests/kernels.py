@@ -36,6 +36,16 @@ def dlight_matmul(M, K, N, rule, target, dtype="float32"):
     return func
 
 
+def dlight_gemm(m, n, k, target) -> tuple[Schedule, str]:
+    """dlight's ``gpu.Matmul`` schedule for ``target`` of ``workloads.gemm(m, n, k)``, and its
+    reduction block."""
+    with target:
+        mod = dlight.ApplyDefaultSchedule(dlight.gpu.Matmul())(
+            tvm.IRModule({"main": workloads.gemm(m, n, k)})
+        )
+    return Schedule(mod), first_site(mod["main"]).block.name_hint
+
+
 def dynamic_m_matmul(target, k: int = 256, n: int = 192) -> tuple[Schedule, str]:
     """dlight's schedule for ``target`` of the fp32 ``a[m, k] @ b[k, n]`` with a run-time int64
     ``m`` (as a Relax model of a symbolic sequence length gets it), and its reduction block."""

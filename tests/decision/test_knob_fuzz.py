@@ -14,67 +14,20 @@ case pip's PoCL miscompiles (``test_portability.py``).
 """
 
 import functools
-import os
 from collections import Counter
 
 import numpy as np
 import tvm
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import tvm_streamk
+from tests.fuzz import MIN_DECIDED_SHARE, drawn, knobs, run_time_knobs
 from tests.helpers import A100
-from tvm_streamk import fixup_registry, pocl, ptxas, workloads
+from tvm_streamk import pocl, ptxas, workloads
 from tvm_streamk._compat import Schedule, dlight
 from tvm_streamk.analysis import first_site
-from tvm_streamk.decomposition import policy as policies
 from tvm_streamk.errors import StreamKError
-
-# The share of drawn cases that must be decided (not refused, not without a site).
-MIN_DECIDED_SHARE = 0.5
-# TVM_STREAMK_FUZZ_SEED=<n> draws other cases than the suite's fixed ones (a campaign).
-FUZZ_SEED = os.environ.get("TVM_STREAMK_FUZZ_SEED")
-EXAMPLES = os.environ.get("TVM_STREAMK_FUZZ_EXAMPLES")
-
-
-def drawn(default_examples: int = 24):
-    """A decorator running a ``@given`` function on ``default_examples`` cases (or
-    ``TVM_STREAMK_FUZZ_EXAMPLES``), seeded by ``TVM_STREAMK_FUZZ_SEED`` where it is set."""
-
-    def wrap(test):
-        test = settings(
-            max_examples=int(EXAMPLES or default_examples),
-            deadline=None,
-            derandomize=FUZZ_SEED is None,
-            database=None,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-        )(test)
-        return seed(int(FUZZ_SEED))(test) if FUZZ_SEED is not None else test
-
-    return wrap
-
-
-@st.composite
-def knobs(draw):
-    policy = draw(st.sampled_from(policies.names()))
-    # The run-time grid is stream_k's alone: drawn for a quarter of its cases, and for one in
-    # eight of the others' (their refusal).
-    device_grid = draw(st.integers(0, 3 if policy == "stream_k" else 7)) == 0
-    out = {
-        "policy": policy,
-        "num_sms": "device" if device_grid else draw(st.integers(1, 7)),
-        "blocks_per_sm": draw(st.integers(1, 3)),
-        # Every registered fix-up: a new one is drawn without touching this test.
-        "fixup": draw(st.sampled_from(["auto", *fixup_registry.names()])),
-        "deterministic": draw(st.sampled_from([False, False, False, True])),
-        "group": draw(st.one_of(st.none(), st.integers(1, 4))),
-        "batch_invariant": draw(st.sampled_from([False, False, False, True])),
-    }
-    if policy == "split_k":
-        out["splits"] = draw(st.integers(1, 6))
-    if policy == "hybrid":
-        out["variant"] = draw(st.sampled_from(policies.variants("hybrid")))
-    return out
 
 
 @st.composite
@@ -136,19 +89,6 @@ def run_time_m_cases(draw):
     }
     ms = draw(st.lists(st.integers(1, 300), min_size=2, max_size=3))
     return n, k, tiles, ms
-
-
-@st.composite
-def run_time_knobs(draw):
-    """The knobs a run-time tile count takes (hybrids and tile orders are refused there, with
-    their reason: test_runtime_tiles.py)."""
-    out = draw(knobs())
-    out["policy"] = draw(st.sampled_from(["data_parallel", "split_k", "stream_k", "heuristic"]))
-    for knob in ("group", "variant", "splits"):
-        out.pop(knob, None)
-    if out["policy"] == "split_k":
-        out["splits"] = draw(st.integers(1, 4))
-    return out
 
 
 def test_every_accepted_knob_combination_on_a_run_time_m():

@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tvm_streamk
-from tests.decision.test_knob_fuzz import MIN_DECIDED_SHARE, drawn, knobs, run_time_knobs
+from tests.fuzz import MIN_DECIDED_SHARE, drawn, fewer_conflicts, knobs, run_time_knobs
 from tests.helpers import A100, FP32_TOL, conv_reference_for
 from tvm_streamk import pocl, ptxas, workloads
 from tvm_streamk.analysis import first_site
@@ -42,18 +42,6 @@ def tiles(draw) -> dict:
         "tm": tm,
         "tn": tn,
     }
-
-
-def fewer_conflicts(draw, decision: dict) -> dict:
-    """``decision`` with the device's grid for Stream-K alone, and the fix-up left to the
-    decision in half the cases: the other policies refuse the device's grid, and a fix-up
-    named with an epilogue, determinism or batch invariance is often refused (each with its
-    reason; test_knob_fuzz.py draws them), and most cases here must be decided."""
-    if decision["num_sms"] == "device" and decision["policy"] != "stream_k":
-        decision["num_sms"] = draw(st.integers(1, 7))
-    if draw(st.booleans()):
-        decision["fixup"] = "auto"
-    return decision
 
 
 @st.composite

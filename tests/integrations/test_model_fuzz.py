@@ -23,8 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tvm import relax
 
-from tests.decision.test_knob_fuzz import drawn, knobs
-from tests.decision.test_workload_fuzz import fewer_conflicts
+from tests.fuzz import drawn, fewer_conflicts, knobs
 from tests.helpers import A100, FP32_TOL
 from tvm_streamk import pocl, ptxas, workloads
 from tvm_streamk._compat import dlight, param_buffers

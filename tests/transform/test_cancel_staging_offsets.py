@@ -10,8 +10,9 @@ bytes in four static hybrids); here the lowered IR shows what the pass changes.
 import tvm
 from tvm import tirx
 
+import tvm_streamk
 from tests.helpers import SM_TARGETS
-from tests.transform.test_hot_loop import _dynamic_m
+from tests.kernels import dynamic_m_matmul
 from tvm_streamk import pipeline
 from tvm_streamk._compat import BufferLoadNode, get_tir_pipeline, loaded_buffer, structural_walk
 from tvm_streamk.transform.cancel_staging_offsets import cancel_offsets
@@ -53,7 +54,8 @@ def _functions(mod):
 
 
 def test_a_run_time_walk_s_staging_indices_lose_the_tile_offset(monkeypatch):
-    sch = _dynamic_m(TARGET, 1024, "stream_k", "workspace")
+    sch, block = dynamic_m_matmul(TARGET, 1024)
+    tvm_streamk.stream_k(sch, block, target=TARGET, policy="stream_k", fixup="workspace")
     with monkeypatch.context() as patch:
         before = _lowered(sch, patch)
     counts = [_staging_indices_reading_copies(f) for f in _functions(before)]

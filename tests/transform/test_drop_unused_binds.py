@@ -12,7 +12,7 @@ from tvm.script import tirx as T
 
 import tvm_streamk
 from tests.helpers import A100
-from tests.transform.test_hot_loop import _schedule
+from tests.kernels import dlight_gemm
 from tvm_streamk.transform.drop_unused_binds import drop_unused_binds
 
 OPENCL = tvm.target.Target("opencl")
@@ -28,8 +28,8 @@ def _normalised(source: str) -> str:
 
 
 def test_nothing_split_builds_the_data_parallel_kernel_line_for_line():
-    dp, _ = _schedule(96, 1024)
-    sk, block = _schedule(96, 1024)
+    dp, _ = dlight_gemm(96, 64, 1024, A100)
+    sk, block = dlight_gemm(96, 64, 1024, A100)
     plan = tvm_streamk.stream_k(
         sk, block, policy="stream_k", num_sms=3, target=A100, blocks_per_sm=1
     )
@@ -40,7 +40,7 @@ def test_nothing_split_builds_the_data_parallel_kernel_line_for_line():
 
 
 def test_a_split_keeps_the_bindings_it_reads():
-    sk, block = _schedule(96, 1024)
+    sk, block = dlight_gemm(96, 64, 1024, A100)
     plan = tvm_streamk.stream_k(
         sk, block, policy="stream_k", num_sms=2, target=A100, blocks_per_sm=1
     )

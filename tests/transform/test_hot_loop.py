@@ -31,9 +31,8 @@ from tvm.s_tir import Schedule
 
 import tvm_streamk
 from tests.helpers import A100, FP32_TOL, SIZINGS, SM_TARGETS
-from tests.kernels import dynamic_m_matmul, matmul_reference
+from tests.kernels import dlight_gemm, dynamic_m_matmul, matmul_reference
 from tvm_streamk import pocl, ptxas, workloads
-from tvm_streamk._compat import dlight
 from tvm_streamk.analysis import blocks_under, first_site
 from tvm_streamk.pocl.lowering import lower
 
@@ -54,10 +53,7 @@ PARAMS = [pytest.param(case, fixup, id=f"{case}-{fixup}") for case in CASES for 
 
 
 def _schedule(m=M, k=K, target=A100) -> tuple[Schedule, str]:
-    func = workloads.gemm(m, N, k)
-    with target:
-        mod = dlight.ApplyDefaultSchedule(dlight.gpu.Matmul())(tvm.IRModule({"main": func}))
-    return Schedule(mod), first_site(mod["main"]).block.name_hint
+    return dlight_gemm(m, N, k, target)
 
 
 def _stream_k(case: str, fixup: str, m=M, k=K, target=A100) -> Schedule:
