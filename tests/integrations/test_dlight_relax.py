@@ -6,7 +6,7 @@ import tvm
 from tvm import relax
 
 import tvm_streamk
-from tests.helpers import A100, H100
+from tests.helpers import A100, H100, cuda_modules
 from tests.kernels import dlight_matmul
 from tvm_streamk import pocl, workloads
 from tvm_streamk._compat import dlight
@@ -32,12 +32,7 @@ def _mlp(M: int, K: int, N: int, epilogue: bool, dtype: str = "float32") -> tvm.
 
 
 def _cuda_source(executable) -> str:
-    def modules(m):
-        for imported in m.imports:
-            yield imported
-            yield from modules(imported)
-
-    (cuda,) = [m for m in modules(executable.mod) if m.kind == "cuda"]
+    (cuda,) = cuda_modules(executable)
     return cuda.inspect_source()
 
 

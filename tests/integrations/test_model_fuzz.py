@@ -24,14 +24,13 @@ from hypothesis import strategies as st
 from tvm import relax
 
 from tests.fuzz import drawn, fewer_conflicts, knobs
-from tests.helpers import A100, FP32_TOL
+from tests.helpers import A100, FP32_TOL, cuda_modules
 from tvm_streamk import pocl, ptxas, workloads
 from tvm_streamk._compat import dlight, param_buffers
-from tvm_streamk.analysis import blocks_under
-from tvm_streamk.decision import record
 from tvm_streamk.dlight import StreamKMatmul
 from tvm_streamk.errors import StreamKError
 from tvm_streamk.relax_pipeline import fusion_passes, relax_pipeline, schedule_rules
+from tvm_streamk.transform.lower_stream_k import annotated_blocks
 
 pytestmark = pytest.mark.usefixtures("default_opencl")
 
@@ -144,22 +143,9 @@ def rule_knobs(draw) -> dict:
 # -- the fuzz -------------------------------------------------------------------------------------
 
 
-def _decided(func: tvm.tirx.PrimFunc) -> bool:
-    return any(record.has_decision(b.annotations) for b in blocks_under(func.body))
-
-
 def _run_time_sizes(func: tvm.tirx.PrimFunc) -> list[dict]:
     names = {str(e) for b in param_buffers(func) for e in b.shape if isinstance(e, tvm.tirx.Var)}
     return [dict.fromkeys(names, t) for t in TOKENS] if names else [{}]
-
-
-def _cuda_source(executable) -> str:
-    def modules(m):
-        for imported in m.imports:
-            yield imported
-            yield from modules(imported)
-
-    return "\n".join(m.inspect_source() for m in modules(executable.mod) if m.kind == "cuda")
 
 
 def _check_kernel(label, name, fused, scheduled) -> None:
@@ -205,7 +191,7 @@ def test_every_kernel_the_rules_decide_builds_and_runs():
             scheduled = dlight.ApplyDefaultSchedule(*schedule_rules(rule))(fused)
         ran = 0
         for gv, kernel in scheduled.functions.items():
-            if not isinstance(kernel, tvm.tirx.PrimFunc) or not _decided(kernel):
+            if not isinstance(kernel, tvm.tirx.PrimFunc) or not annotated_blocks(kernel):
                 continue
             if "wmma." in kernel.script():
                 outcomes["tensor-core kernels (built, not run)"] += 1  # PoCL has no WMMA
@@ -217,7 +203,8 @@ def test_every_kernel_the_rules_decide_builds_and_runs():
             # The whole model, as a user compiles it: ptxas reads every kernel.
             pipeline = relax_pipeline(A100, **knobs)
             lib = tvm.compile(mod, A100, relax_pipeline=pipeline, tir_pipeline="tvm_streamk")
-            assert ptxas.resources(_cuda_source(lib), "sm_80"), label
+            source = "\n".join(m.inspect_source() for m in cuda_modules(lib))
+            assert ptxas.resources(source, "sm_80"), label
         for why in rule.skipped.values():
             outcomes["skip: " + why[:90]] += 1
         outcomes["kernels"] += ran

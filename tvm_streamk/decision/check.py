@@ -14,7 +14,7 @@ from .. import decomposition
 from ..errors import StreamKError
 from . import rules
 from .record import DEVICE_SMS, Decision
-from .resolve import resolve
+from .resolve import planned_site, resolve
 
 COND_DECOMPOSITION = "decomposition"
 
@@ -53,8 +53,7 @@ def check(site, decision: Decision, target: tvm.target.Target | None = None):
             f"{site.panels} panels)",
         ) from None
     rules.check_fragment_plan(plan, site)
-    chunked = bool(decision.chunk) and not site.fragment_accumulator
-    rules.check_index_width(plan, site, target, chunked)
+    rules.check_index_width(plan, planned_site(site, decision), target)
     if not plan.scheme.is_original:
         rules.check_fixup(site, decision.fixup, target)
     return plan

@@ -296,7 +296,7 @@ def _chosen(site, request, sms, fixup, target, bps, dp_bps, warps):
         chosen = _choose(site, request, sms, bps, fixup, dp_bps, busy, cost)
         if chooser and keep_whole is None and not chosen.scheme.is_original:
             try:
-                rules.check_index_width(chosen, site, target, bool(site.chunk))
+                rules.check_index_width(chosen, site, target)
             except StreamKError as err:
                 keep_whole = f"the {target.kind.name} kernel's integers cannot walk it ({err})"
         if keep_whole is not None and not chosen.scheme.is_original:

@@ -392,18 +392,19 @@ def check_batch_invariant(site, decision: Decision) -> None:
     )
 
 
-def check_index_width(plan, site, target, chunked: bool = False) -> None:
+def check_index_width(plan, site, target) -> None:
     """Refuse a plan whose closed forms need wider integers than the target's kernels have
-    (WebGPU: 32 bits, :attr:`tvm_streamk.memory_model.MemoryModel.index_bits`). A
-    data-parallel plan is the kernel as written, which computes none, unless its own closed
-    forms walk it: a batch-invariant one of several chunks (``chunked``: ``plan`` counts
-    chunks), or one whose kernel as written binds the ``blockIdx.z`` the target reserves
+    (WebGPU: 32 bits, :attr:`tvm_streamk.memory_model.MemoryModel.index_bits`). ``site`` is
+    the site as the decision plans it (:func:`~.resolve.planned_site`). A data-parallel plan
+    is the kernel as written, which computes none, unless its own closed forms walk it: a
+    batch-invariant one of several chunks (``site.chunk``: ``plan`` counts chunks), or one
+    whose kernel as written binds the ``blockIdx.z`` the target reserves
     (:func:`walks_reserved_grid_z`)."""
     bits = _capability(target, "index_bits", 64)
     if bits >= 64:
         return
     advice = "Use fewer blocks (num_sms, blocks_per_sm), larger tiles, or policy='data_parallel'."
-    if plan.scheme.is_original and not (chunked and plan.panels > 1):
+    if plan.scheme.is_original and not (site.chunk and plan.panels > 1):
         if not walks_reserved_grid_z(site, target) or site.runtime_tiles:
             return
         advice = (
