@@ -13,6 +13,8 @@ import tvm
 import tvm_streamk
 from tvm_streamk import workloads
 from tvm_streamk.errors import StreamKError
+from tvm_streamk.webgpu.errors import ShaderBuildError
+from tvm_streamk.webgpu.lowering import lower
 
 WEBGPU = tvm.target.Target("webgpu", host="llvm")
 POLICIES = [
@@ -103,3 +105,17 @@ def test_grouped_sites_are_refused_for_their_64_bit_tile_count(func, policy):
     sch = workloads.reference_schedule(func, bm=16, bn=16, bk=8, tm=2, tn=2)
     with pytest.raises(StreamKError, match=r"\[index-width\].*64-bit integers"):
         tvm_streamk.stream_k(sch, "C_update", num_sms=3, target=WEBGPU, policy=policy)
+
+
+@pytest.mark.parametrize(
+    "in_dtype, out_dtype, found",
+    [("int8", None, "A of int8"), ("bfloat16", None, "A of bfloat16"), (None, "bfloat16", "D of")],
+)
+def test_buffers_wgsl_cannot_store_are_refused_by_name(in_dtype, out_dtype, found):
+    # TVM writes array<i8> (a bfloat16 buffer: array<u16>), which naga refuses with a parse
+    # error naming neither the buffer nor what to do.
+    func = workloads.gemm(37, 70, 100, in_dtype=in_dtype or "float32", out_dtype=out_dtype)
+    sch = workloads.reference_schedule(func)
+    with pytest.raises(ShaderBuildError, match=found) as err:
+        lower("main", sch.mod["main"], "default")
+    assert "CUDA or OpenCL" in str(err.value)

@@ -2,16 +2,17 @@
 
 test_knob_fuzz.py and test_workload_fuzz.py give ``stream_k`` schedules the project or dlight
 wrote. Here the knobs reach the kernels as a model's do: a drawn Relax function (a dense layer
-of a static or run-time token count, its weight as written or transposed, a batched matmul, a
-1-D or 2-D convolution; a bias, ReLU, GELU and an fp16 cast drawn as its epilogue) goes
-through the pipeline's fusion passes and its dlight rules (``relax_pipeline.schedule_rules``)
-with drawn knobs. A knob combination the rules refuse (with the reason) is allowed, and so is
-a kernel they skip (``rule.skipped`` says why). Every kernel they decide must run on PoCL with
-its output poisoned (NaN) first and match TVM's LLVM build of the same fused function, and a
-plain product float64 numpy too; where nvcc is installed the whole model must build with
-``relax_pipeline`` for sm_80, every kernel read by ptxas. The default
-suite draws a few cases; ``TVM_STREAMK_FUZZ_EXAMPLES`` and ``TVM_STREAMK_FUZZ_SEED`` make a
-campaign (docs/testing.md).
+of a static or run-time token count, its weight as written or transposed, its operands fp32,
+fp16 or bf16 summed in fp32 or int8 summed in int32; a batched matmul; a 1-D or 2-D
+convolution; a bias, ReLU, GELU and an fp16 cast drawn as its epilogue) goes through the
+pipeline's fusion passes and its dlight rules (``relax_pipeline.schedule_rules``) with drawn
+knobs. A knob combination the rules refuse (with the reason) is allowed, and so is a kernel
+they skip (``rule.skipped`` says why). Every kernel they decide must run on PoCL with its
+output poisoned (NaN, or -12345 for integers) first and match TVM's LLVM build of the same
+fused function, and a plain product float64 numpy too; where nvcc is installed the whole model
+must build with ``relax_pipeline`` for sm_80, every kernel read by ptxas. The default suite
+draws a few cases; ``TVM_STREAMK_FUZZ_EXAMPLES`` and ``TVM_STREAMK_FUZZ_SEED`` make a campaign
+(docs/testing.md).
 """
 
 from collections import Counter
@@ -60,6 +61,7 @@ def extents(most: int):
 def models(draw) -> tuple[str, tvm.IRModule]:
     kind = draw(st.sampled_from(["dense", "dense", "batched", "conv1d", "conv2d"]))
     epilogue = draw(epilogues())
+    accumulate = "float32"
     bb = relax.BlockBuilder()
     if kind in ("dense", "batched"):
         m = draw(extents(160))
@@ -68,9 +70,12 @@ def models(draw) -> tuple[str, tvm.IRModule]:
         k, n = draw(extents(200)), draw(extents(160))
         lead = (draw(st.integers(1, 3)),) if kind == "batched" else ()
         transposed = draw(st.booleans())
-        # fp16 operands summed in fp32, as a mixed-precision model's (tensor cores where
-        # dlight gives them: built, not run).
-        dtype = draw(st.sampled_from(["float32", "float32", "float16"]))
+        # fp16 and bf16 operands summed in fp32, as a mixed-precision model's (tensor cores
+        # where dlight gives them: built, not run); int8 summed in int32, as a quantized one's.
+        dtype = draw(st.sampled_from(["float32", "float32", "float16", "bfloat16", "int8"]))
+        if dtype == "int8":
+            accumulate = "int32"
+            epilogue = [op for op in epilogue if op != "gelu"]  # an integer has no GELU
         x = relax.Var("x", relax.TensorType((*lead, m, k), dtype))
         w_shape = (*lead, n, k) if transposed else (*lead, k, n)
         w = relax.Var("w", relax.TensorType(w_shape, dtype))
@@ -94,7 +99,7 @@ def models(draw) -> tuple[str, tvm.IRModule]:
         stride, padding = draw(st.integers(1, 2)), draw(st.integers(0, 1))
         channels, params = o, [x, w]
         label = f"{kind} {layouts[0]} data {data} weight {weight} s{stride} p{padding}"
-    bias = relax.Var("bias", relax.TensorType((channels,), "float32"))
+    bias = relax.Var("bias", relax.TensorType((channels,), accumulate))
     if "bias" in epilogue:
         params.append(bias)
     with bb.function("main", params):
@@ -104,7 +109,7 @@ def models(draw) -> tuple[str, tvm.IRModule]:
                 if transposed:
                     axes = [*range(len(lead)), len(lead) + 1, len(lead)]
                     weight = bb.emit(relax.op.permute_dims(w, axes))
-                h = bb.emit(relax.op.matmul(x, weight, out_dtype="float32"))
+                h = bb.emit(relax.op.matmul(x, weight, out_dtype=accumulate))
                 shaped_bias = bias
             else:
                 conv = relax.op.nn.conv1d if dim == 1 else relax.op.nn.conv2d
@@ -156,7 +161,8 @@ def _check_kernel(label, name, fused, scheduled) -> None:
     kernel = pocl.compile(main, pipeline="tvm_streamk")
     for n, sizes in enumerate(_run_time_sizes(fused)):
         args = workloads.random_args(fused, np.random.default_rng(n), **sizes)
-        assert np.isnan(args[-1]).all()
+        integer = np.issubdtype(args[-1].dtype, np.integer)
+        assert (args[-1] == -12345).all() if integer else np.isnan(args[-1]).all()
         out = kernel.run(*args)[-1]
         expected = [tvm.runtime.tensor(a) for a in args]
         reference["main"](*expected)
@@ -168,6 +174,8 @@ def _check_kernel(label, name, fused, scheduled) -> None:
             assert workloads.relative_error(ref, a @ b) <= FP32_TOL, (label, name)
             ref = a @ b
         tol = FP16_TOL if out.dtype == np.float16 else FP32_TOL
+        if integer:
+            tol = 0.0  # int8 products summed in int32: exact
         error = workloads.relative_error(out, ref)
         assert error <= tol, (label, name, sizes, error)
 

@@ -6,11 +6,15 @@ stays within 1e-5 of float64 relative to the largest output; int8 x int8 -> int3
 
 import numpy as np
 import pytest
+import tvm
+from tvm.s_tir import Schedule
 
 import tvm_streamk
-from tests.helpers import FP32_TOL, OPENCL
+from tests.helpers import A100, FP32_TOL, OPENCL
 from tests.kernels import GEMM_CASES, gemv_schedule
 from tvm_streamk import pocl, workloads
+from tvm_streamk._compat import dlight
+from tvm_streamk.analysis import first_site
 
 pytestmark = pytest.mark.usefixtures("opencl")
 
@@ -64,6 +68,21 @@ def test_stream_k_int8_is_exact():
     func = workloads.gemm(64, 96, 40, in_dtype="int8")
     sch = workloads.reference_schedule(func)
     tvm_streamk.stream_k(sch, "C_update", num_sms=5, target=OPENCL)
+    out, ref = _run(func, sch)
+    np.testing.assert_array_equal(out, ref.astype(np.int64))
+
+
+@pytest.mark.parametrize("fixup", ["atomic", "workspace"])
+def test_stream_k_dlight_int8_is_exact(fixup):
+    # dlight's SIMT int8 schedule: its staged operands are read as gathered byte vectors
+    # (tvm_streamk.pocl.byte_gathers), which PoCL refused before.
+    func = workloads.gemm(37, 70, 100, in_dtype="int8")
+    with A100:
+        mod = dlight.ApplyDefaultSchedule(dlight.gpu.Matmul())(tvm.IRModule({"main": func}))
+    sch = Schedule(mod)
+    block = first_site(mod["main"]).block.name_hint
+    plan = tvm_streamk.stream_k(sch, block, num_sms=3, fixup=fixup, target=A100, blocks_per_sm=1)
+    assert plan.split_tiles, plan
     out, ref = _run(func, sch)
     np.testing.assert_array_equal(out, ref.astype(np.int64))
 

@@ -14,6 +14,7 @@ import tvm
 
 from .._compat import Schedule, codegen_source, get_tir_pipeline, split_host_device_mods
 from ..transform.device_sms import bind_multiprocessors
+from .byte_gathers import legalize_byte_gathers
 from .checks import check_supported
 from .device import compute_units
 from .errors import KernelBuildError, PoclError
@@ -119,7 +120,9 @@ def lower(name: str, func: tvm.tirx.PrimFunc, pipeline: str) -> Lowered:
         raise KernelBuildError(
             f"{name!r} lowered to no device kernel; bind its loops to blockIdx/threadIdx first"
         )
+    device_funcs, bytes_prelude = legalize_byte_gathers(device_funcs)
     device_funcs, prelude = legalize_fp16(device_funcs)
+    prelude += bytes_prelude
     device_mod = tvm.IRModule({tvm.ir.GlobalVar(n): f for n, f in device_funcs.items()})
     try:
         source = codegen_source(device_mod, target)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import tvm
 
-from .._compat import codegen_source, is_pointer_var, prim_dtype_of
+from .._compat import codegen_source, is_pointer_var, param_buffers, prim_dtype_of
 from ..pocl.lowering import select_primfunc, split_lowered
 from .errors import ShaderBuildError
 
@@ -32,6 +32,10 @@ __all__ = ["Kernel", "Lowered", "lower", "select_primfunc", "webgpu_target"]
 # Relax shape variable, a dynamic M) TVM's WGSL generator declares as i32, and its runtime
 # packs it so; the runner checks the value fits (:mod:`.runner`).
 POD_DTYPES = {"int32": "i32", "uint32": "u32", "float32": "f32", "int64": "i32"}
+# Element types a WGSL storage buffer holds: 32-bit scalars, and f16 with the ``shader-f16``
+# feature TVM's WGSL enables. TVM's generator writes an int8 buffer as ``array<i8>`` and a
+# bfloat16 one as ``array<u16>``, which no WGSL compiler accepts.
+STORAGE_DTYPES = ("float32", "int32", "uint32", "float16")
 _BINDING = re.compile(
     r"@group\(0\) @binding\((\d+)\) var<(storage, read|storage, read_write|uniform)> (\w+)"
 )
@@ -77,9 +81,19 @@ def lower(name: str, func: tvm.tirx.PrimFunc, pipeline: str) -> Lowered:
     Raises
     ------
     ShaderBuildError
-        When TVM fails to lower the function or to generate WGSL for it, or a kernel takes a
-        scalar the ``PODArgs`` uniform cannot carry.
+        When TVM fails to lower the function or to generate WGSL for it, a kernel takes a
+        scalar the ``PODArgs`` uniform cannot carry, or a buffer of an element type WGSL
+        storage cannot hold (:data:`STORAGE_DTYPES`).
     """
+    for buf in param_buffers(func):
+        element = str(buf.dtype).split("x")[0]
+        if element not in STORAGE_DTYPES:
+            raise ShaderBuildError(
+                f"{name!r} takes buffer {buf.name} of {element}; WGSL storage buffers hold only "
+                f"{', '.join(STORAGE_DTYPES)} (no 8-, 16- or 64-bit integers, no bfloat16), so "
+                f"TVM's WGSL for it cannot compile. Run {element} kernels on CUDA or OpenCL, or "
+                "give the function float32, int32 or float16 buffers."
+            )
     if _attr(func, "target") is not None:
         func = func.without_attr("target")
     target = webgpu_target()
