@@ -2,9 +2,9 @@
 
 test_knob_fuzz.py and test_workload_fuzz.py give ``stream_k`` schedules the project or dlight
 wrote. Here the knobs reach the kernels as a model's do: a drawn Relax function (a dense layer
-of a static or run-time token count, its weight as written or transposed, its operands fp32,
-fp16 or bf16 summed in fp32 or int8 summed in int32; a batched matmul; a 1-D or 2-D
-convolution; a bias, ReLU, GELU and an fp16 cast drawn as its epilogue) goes through the
+of a static or run-time token count, its weight as written or transposed; a batched matmul; a
+1-D or 2-D convolution; fp32, fp16 or bf16 operands summed in fp32 or int8 summed in int32; a
+bias, ReLU, GELU and an fp16 cast drawn as its epilogue) goes through the
 pipeline's fusion passes and its dlight rules (``relax_pipeline.schedule_rules``) with drawn
 knobs. A knob combination the rules refuse (with the reason) is allowed, and so is a kernel
 they skip (``rule.skipped`` says why). Every kernel they decide must run on PoCL with its
@@ -61,7 +61,12 @@ def extents(most: int):
 def models(draw) -> tuple[str, tvm.IRModule]:
     kind = draw(st.sampled_from(["dense", "dense", "batched", "conv1d", "conv2d"]))
     epilogue = draw(epilogues())
-    accumulate = "float32"
+    # fp16 and bf16 operands summed in fp32, as a mixed-precision model's (tensor cores where
+    # dlight gives them: built, not run); int8 summed in int32, as a quantized one's.
+    dtype = draw(st.sampled_from(["float32", "float32", "float16", "bfloat16", "int8"]))
+    accumulate = "int32" if dtype == "int8" else "float32"
+    if dtype == "int8":
+        epilogue = [op for op in epilogue if op != "gelu"]  # an integer has no GELU
     bb = relax.BlockBuilder()
     if kind in ("dense", "batched"):
         m = draw(extents(160))
@@ -70,12 +75,6 @@ def models(draw) -> tuple[str, tvm.IRModule]:
         k, n = draw(extents(200)), draw(extents(160))
         lead = (draw(st.integers(1, 3)),) if kind == "batched" else ()
         transposed = draw(st.booleans())
-        # fp16 and bf16 operands summed in fp32, as a mixed-precision model's (tensor cores
-        # where dlight gives them: built, not run); int8 summed in int32, as a quantized one's.
-        dtype = draw(st.sampled_from(["float32", "float32", "float16", "bfloat16", "int8"]))
-        if dtype == "int8":
-            accumulate = "int32"
-            epilogue = [op for op in epilogue if op != "gelu"]  # an integer has no GELU
         x = relax.Var("x", relax.TensorType((*lead, m, k), dtype))
         w_shape = (*lead, n, k) if transposed else (*lead, k, n)
         w = relax.Var("w", relax.TensorType(w_shape, dtype))
@@ -94,11 +93,11 @@ def models(draw) -> tuple[str, tvm.IRModule]:
         layouts = ("NWC", "WIO") if dim == 1 else ("NHWC", "HWIO")
         if not last:
             layouts = ("NCW", "OIW") if dim == 1 else ("NCHW", "OIHW")
-        x = relax.Var("x", relax.TensorType(data, "float32"))
-        w = relax.Var("w", relax.TensorType(weight, "float32"))
+        x = relax.Var("x", relax.TensorType(data, dtype))
+        w = relax.Var("w", relax.TensorType(weight, dtype))
         stride, padding = draw(st.integers(1, 2)), draw(st.integers(0, 1))
         channels, params = o, [x, w]
-        label = f"{kind} {layouts[0]} data {data} weight {weight} s{stride} p{padding}"
+        label = f"{kind} {layouts[0]} data {data} weight {weight} {dtype} s{stride} p{padding}"
     bias = relax.Var("bias", relax.TensorType((channels,), accumulate))
     if "bias" in epilogue:
         params.append(bias)
@@ -114,7 +113,15 @@ def models(draw) -> tuple[str, tvm.IRModule]:
             else:
                 conv = relax.op.nn.conv1d if dim == 1 else relax.op.nn.conv2d
                 h = bb.emit(
-                    conv(x, w, stride, padding, data_layout=layouts[0], kernel_layout=layouts[1])
+                    conv(
+                        x,
+                        w,
+                        stride,
+                        padding,
+                        data_layout=layouts[0],
+                        kernel_layout=layouts[1],
+                        out_dtype=accumulate,
+                    )
                 )
                 ones = (1,) * dim
                 bias_shape = (1, *ones, channels) if last else (1, channels, *ones)

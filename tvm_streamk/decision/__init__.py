@@ -25,7 +25,7 @@ from .record import (
     stripped,
     without_decisions,
 )
-from .resolve import planned_site, planned_sms, resolve
+from .resolve import counts_chunks, planned_site, planned_sms, resolve
 
 __all__ = [
     "DEVICE_SMS",
@@ -34,6 +34,7 @@ __all__ = [
     "Decision",
     "Request",
     "check",
+    "counts_chunks",
     "decide",
     "decode",
     "has_decision",

@@ -22,7 +22,7 @@ from ..run_time_choice import StreamKOrDataParallel, describe, stream_k_buckets
 from . import rules
 from .check import check
 from .record import DEVICE_SMS, TARGET_SMS, Decision
-from .resolve import resolve
+from .resolve import counts_chunks, resolve
 
 COND_NUM_SMS = "num-sms"
 COND_KNOB = "knob"
@@ -154,7 +154,7 @@ def decide(
         # Every decomposition below plans over the chunk grid (decomposition.chunks); a
         # tensor-core fragment's is the aligned split of its own panels (_invariant_fragment).
         chunk = chunks.chunk_panels(site.kernel_panels)
-        if not site.fragment_accumulator:
+        if counts_chunks(site, chunk):
             site = site.chunked(chunk)
     rules.check_one_panel_loop(site)
     rules.check_group(request.group, site)
@@ -218,9 +218,7 @@ def decide(
             f"{chosen.reason}; batch-invariant: K in {count} chunk(s) of {chunk} panels, each "
             f"summed from zero and merged in chunk order ({counted} counts chunks)"
         )
-    if decision.group and rules.takes_aligned_nest(
-        chosen, bool(chunk) and not site.fragment_accumulator, target
-    ):
+    if decision.group and rules.takes_aligned_nest(chosen, counts_chunks(site, chunk), target):
         chosen = chosen.with_reason(
             f"{chosen.reason}; group={decision.group} not applied: the aligned split keeps the "
             "band's row-major tile order"

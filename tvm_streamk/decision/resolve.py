@@ -43,11 +43,17 @@ def planned_sms(decision: Decision, target: tvm.target.Target | None) -> int:
         ) from None
 
 
+def counts_chunks(site, chunk: int) -> bool:
+    """Whether a batch-invariant plan of ``chunk`` panels per chunk counts chunks on ``site``
+    (:meth:`~tvm_streamk.analysis.StreamKSite.chunked`): it does but on a tensor-core
+    fragment, whose plan is the aligned split of its own panels, one block per chunk."""
+    return bool(chunk) and not site.fragment_accumulator
+
+
 def planned_site(site, decision: Decision):
-    """``site`` as ``decision`` plans and prices it: a batch-invariant plan counts chunks
-    (:meth:`~tvm_streamk.analysis.StreamKSite.chunked`); a tensor-core fragment's is the
-    aligned split of its own panels, one block per chunk, and other decisions plan panels."""
-    if decision.chunk and not site.fragment_accumulator:
+    """``site`` as ``decision`` plans and prices it: chunks where the plan counts them
+    (:func:`counts_chunks`), panels otherwise."""
+    if counts_chunks(site, decision.chunk):
         return site.chunked(decision.chunk)
     return site
 

@@ -18,7 +18,7 @@ from ..analysis import (
     sblock_rv,
 )
 from ..analysis.flops import multiply_accumulates
-from ..decision import record, rules
+from ..decision import counts_chunks, record, rules
 from ..decomposition import chunks
 from ..decomposition.policy import by_key
 from ..errors import StreamKError
@@ -170,7 +170,7 @@ class StreamKRule(meta_schedule.schedule_rule.PyScheduleRule):
             chunk = chunks.chunk_panels(site.kernel_panels)
             fixups = tuple(f for f in fixups if f in rules.invariant_fixups())
             candidates = [rules.original_policy(), *candidates]
-            if not site.fragment_accumulator:
+            if counts_chunks(site, chunk):
                 planned = site.chunked(chunk)
         splits = [s for s in self.knobs.splits if s <= planned.panels]
         takes_splits = {p: by_key(p).takes_splits for p in candidates}

@@ -38,7 +38,7 @@ from .._compat import (
     structural_walk,
 )
 from ..analysis import StreamKSite, analyze, blocks_under, first_site, ragged_views
-from ..decision import DEVICE_SMS, Decision, check, record, rules
+from ..decision import DEVICE_SMS, Decision, check, counts_chunks, record, rules
 from ..decomposition import chunks
 from ..errors import StreamKError
 from ..memory_model import for_target
@@ -91,7 +91,7 @@ def chunk_grid(site: StreamKSite, decision: Decision) -> tuple[int, int] | None:
     """``(panels per chunk, chunks per tile)`` of a batch-invariant decision whose plan counts
     chunks (:mod:`tvm_streamk.decomposition.chunks`); None otherwise, and for a tensor-core
     fragment, whose plan is the aligned split of its own panels, one block per chunk."""
-    if not decision.chunk or site.fragment_accumulator:
+    if not counts_chunks(site, decision.chunk):
         return None
     return decision.chunk, chunks.chunk_count(site.panels, decision.chunk)
 
