@@ -24,7 +24,7 @@ from .analysis.flops import kernel_flops
 from .decomposition import Plan
 from .dlight import StreamKMatmul
 from .explain import explain
-from .relax_pipeline import fusion_passes, schedule_rules
+from .relax_pipeline import fusion_passes, require_sm_count, schedule_rules
 
 # dlight rules whose schedules reduce across threads (rfactor + allreduce).
 CROSS_THREAD_RULES = ("GEMV", "Reduction", "GeneralReduction")
@@ -191,6 +191,7 @@ def model_report(
     """
     label = target if isinstance(target, str) else None
     target = as_target(target)
+    require_sm_count(target, num_sms, "model_report")
     with target:
         fused = tvm.transform.Sequential(fusion_passes(target))(mod)
     calls = _call_counts(fused)

@@ -26,6 +26,8 @@ from ._compat import dlight
 from ._compat import target as as_target
 from .dlight import StreamKDepthwise, StreamKGEMV, StreamKImplicitGEMM, StreamKMatmul
 from .dlight.guarded import Guarded
+from .errors import StreamKError
+from .gpus import UnknownGPUError, num_sms_for_target
 from .vector_rows import VectorRows
 
 # The targets the pipeline builds for, each with the TVM module of its default Relax pipeline's
@@ -66,7 +68,8 @@ def relax_pipeline(
     Parameters
     ----------
     target : Target or str
-        A CUDA target, whose tag gives the SM count unless ``num_sms`` is passed; or a WebGPU
+        A CUDA target, whose tag (or an arch only one GPU has) gives the SM count unless
+        ``num_sms`` is passed, refused without either; or a WebGPU
         target (``Target("webgpu", host="llvm")``), which needs ``num_sms`` (WebGPU does not
         tell the compute units) and whose decisions take the separate fix-up.
     num_sms, blocks_per_sm, policy, fixup, splits, variant
@@ -89,6 +92,7 @@ def relax_pipeline(
             "relax_pipeline for a WebGPU target needs num_sms: WebGPU does not tell how many "
             "compute units the adapter has (tvm_streamk.webgpu.compute_units() knows lavapipe's)"
         )
+    require_sm_count(target, num_sms, "relax_pipeline")
     rule = StreamKMatmul(
         num_sms,
         blocks_per_sm,
@@ -112,6 +116,20 @@ def relax_pipeline(
 
     _pipeline.rule = rule
     return _pipeline
+
+
+def require_sm_count(target, num_sms, caller: str) -> None:
+    """Refuse, when ``caller`` (a whole-model entry point) is called, a CUDA ``target`` that
+    gives no SM count with no ``num_sms``: not at the first kernel the rules schedule, with
+    the advice to pass it to the rule the user never made."""
+    if num_sms is not None or target.kind.name != "cuda":
+        return
+    try:
+        num_sms_for_target(None, target)
+    except UnknownGPUError as err:
+        raise StreamKError.stated(
+            "num-sms", f"{err}; for this model: {caller}(target, num_sms=...)"
+        ) from None
 
 
 def fusion_passes(target, batch_invariant: bool = False) -> list:

@@ -96,6 +96,17 @@ def test_unknown_gpu_asks_for_num_sms():
     assert "[num-sms]" in str(info.value) and "StreamKMatmul(num_sms=" in str(info.value)
 
 
+def test_pipeline_for_an_unknown_gpu_asks_for_num_sms_when_made():
+    # Before, tvm.compile stopped at the first kernel it scheduled, naming the rule.
+    unknown = tvm.target.Target({"kind": "cuda", "arch": "sm_89", "max_num_threads": 1024})
+    with pytest.raises(tvm_streamk.StreamKError, match=r"\[num-sms\].*sm_89") as info:
+        relax_pipeline(unknown)
+    assert "relax_pipeline(target, num_sms=...)" in str(info.value)
+    assert relax_pipeline(unknown, num_sms=58).rule.config.num_sms == 58
+    with pytest.raises(tvm_streamk.StreamKError, match=r"model_report\(target, num_sms=...\)"):
+        tvm_streamk.model_report(_mlp(160, 512, 192, epilogue=False), unknown)
+
+
 def test_pipeline_refuses_targets_it_does_not_build_for():
     with pytest.raises(ValueError, match=r"targets of kind \['cuda', 'webgpu'\]; found .*'opencl'"):
         relax_pipeline(tvm.target.Target({"kind": "opencl"}))
