@@ -295,6 +295,29 @@ def dlight_cuda_target(target: tvm.target.Target) -> tvm.target.Target:
     return tvm.target.Target(config)
 
 
+def without_int8_tensorization(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` marked for dlight's SIMT schedule where it is an int8 x int8 -> int32 matmul.
+
+    TVM 0.27's int8 tensor-core schedule (``gpu.Matmul`` gives every int8 matmul whose extents
+    all pass 64 to ``MatmulInt8Tensorization``) does not build: ``InjectSoftwarePipeline`` stops
+    on it ("Check failed: (it != fragment_info_.end())") for sm_75, sm_80, sm_86 and sm_90, any
+    shape, so stock ``tvm.compile`` builds no such model. ``dlight.do_not_tensorize`` makes
+    ``gpu.Matmul`` give its SIMT schedule, which builds (and PoCL runs: int8 products summed in
+    int32 are exact). tests/integrations/test_dlight_relax.py holds TVM's failure as a canary.
+    """
+    found = []
+
+    def on_block(block) -> None:
+        if block.init is None or not block.writes:
+            return
+        reads = {str(loaded_buffer(r).dtype) for r in block.reads}
+        if "int8" in reads and all(str(loaded_buffer(w).dtype) == "int32" for w in block.writes):
+            found.append(block)
+
+    structural_walk(func.body, (SBlock, on_block))
+    return func.with_attr("dlight.do_not_tensorize", True) if found else func
+
+
 @contextlib.contextmanager
 def unnamed_handlers_detached(logger_name: str = "tvm.s_tir.meta_schedule"):
     """Run the body with the unnamed handlers of ``logger_name`` detached, then put them back.

@@ -87,6 +87,43 @@ def test_rule_output_is_correct_on_pocl():
     assert workloads.relative_error(out, ref) <= 1e-5
 
 
+def _int8_dense(m: int = 128, k: int = 256, n: int = 192) -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), "int8"))
+    w = relax.Var("w", relax.TensorType((k, n), "int8"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.matmul(x, w, out_dtype="int32")))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_tvm_builds_no_int8_tensor_core_matmul():
+    """A canary: TVM 0.27's int8 tensor-core schedule stops in InjectSoftwarePipeline, so the
+    rule gives int8 matmuls dlight's SIMT schedule (_compat.without_int8_tensorization). When
+    stock TVM builds this, drop that shim."""
+    with pytest.raises(Exception, match="fragment_info_"):
+        tvm.compile(_int8_dense(), A100)
+
+
+@pytest.mark.usefixtures("opencl")
+def test_int8_model_builds_and_runs_with_the_simt_schedule():
+    # Every extent past 64: dlight would give the tensor-core schedule TVM cannot build.
+    pipeline = relax_pipeline(A100, policy="stream_k", num_sms=5, blocks_per_sm=1)
+    tvm.compile(_int8_dense(), A100, relax_pipeline=pipeline, tir_pipeline="tvm_streamk")
+    (plan,) = pipeline.rule.decided.values()
+    assert plan.split_tiles, plan
+    mod = relax.transform.LegalizeOps()(_int8_dense())
+    with A100:
+        mod = dlight.ApplyDefaultSchedule(StreamKMatmul(policy="stream_k", num_sms=5))(mod)
+    (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert "wmma" not in func.script()
+    args = workloads.random_args(func)
+    assert (args[-1] == -12345).all()
+    out = pocl.run(func, *args, pipeline="tvm_streamk")[-1]
+    np.testing.assert_array_equal(out, args[0].astype(np.int64) @ args[1].astype(np.int64))
+
+
 def test_unknown_gpu_asks_for_num_sms():
     mod = relax.transform.LegalizeOps()(_mlp(160, 512, 192, epilogue=False))
     unknown = tvm.target.Target({"kind": "cuda", "arch": "sm_89", "max_num_threads": 1024})

@@ -56,7 +56,7 @@ def expected_stream_k(A: T.Buffer((64, 24), "float32"), B: T.Buffer((24, 48), "f
                             T.reads()
                             T.writes(C_local[vi - i_0 * 32, vj - j_0 * 16])
                             C_local[vi - i_0 * 32, vj - j_0 * 16] = T.float32(0.0)
-                    for k_0_sk in range(sk_k_end - sk_k_begin):
+                    for k_0_sk in T.serial(sk_k_end - sk_k_begin, unroll=False):
                         for ax0_ax1_fused_0 in range(8):
                             for ax0_ax1_fused_1 in T.thread_binding(8, thread="threadIdx.y"):
                                 for ax0_ax1_fused_2 in T.thread_binding(4, thread="threadIdx.x"):

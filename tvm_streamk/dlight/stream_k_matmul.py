@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from tvm import tirx
 
-from .._compat import Schedule, dlight, dlight_cuda_target
+from .._compat import Schedule, dlight, dlight_cuda_target, without_int8_tensorization
 from ..transform.group_axis import GroupAxisRefused, split_group_axis
 from ..transform.run_time_rows import run_time_rows
 from .decisions import RecordsDecisions, decide, kernel_key
@@ -56,7 +56,9 @@ class StreamKMatmul(RecordsDecisions, dlight.gpu.Matmul):
         if self.config.batch_invariant:
             # Every M of one weight runs the kernel of a run-time M (transform/run_time_rows).
             func = run_time_rows(func) or func
-        # sm_90a (the H100 tag) gets the tensor-core schedule sm_90 gets (_compat docstring).
+        # sm_90a (the H100 tag) gets the tensor-core schedule sm_90 gets, and an int8 matmul
+        # the SIMT schedule: TVM 0.27's int8 tensor-core schedule does not build (_compat).
+        func = without_int8_tensorization(func)
         sch = super().apply(func, dlight_cuda_target(target), tunable)
         if sch is None:
             # A grouped convolution, as the batched GEMM over its groups that it is.
