@@ -119,9 +119,9 @@ def relax_pipeline(
 
 
 def require_sm_count(target, num_sms, caller: str) -> None:
-    """Refuse, when ``caller`` (a whole-model entry point) is called, a CUDA ``target`` that
-    gives no SM count with no ``num_sms``: not at the first kernel the rules schedule, with
-    the advice to pass it to the rule the user never made."""
+    """Refuse a CUDA ``target`` that gives no SM count, with no ``num_sms``, when ``caller``
+    (a whole-model entry point) is called: otherwise the first kernel the rules schedule
+    stops, advising ``num_sms`` for a rule the user never made."""
     if num_sms is not None or target.kind.name != "cuda":
         return
     try:
