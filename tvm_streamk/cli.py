@@ -18,6 +18,7 @@ Stream-K cannot rewrite) exit with status 2 and a message on stderr.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -481,7 +482,14 @@ def _explain(args) -> int:
     kwargs = {**_policy_kwargs(args), "blocks_per_sm": args.blocks_per_sm or 1}
     cost = _explain_cost(args, spec, tile_shape)
     plan = decomposition.plan(tiles, panels, num_sms, fixup=args.fixup, cost=cost, **kwargs)
-    report = explain(plan, tile_shape=tile_shape, fixup=args.fixup, cost=cost, print_=not args.json)
-    if args.json:
-        print(json.dumps(report.as_dict(), indent=2))
+    report = explain(plan, tile_shape=tile_shape, fixup=args.fixup, cost=cost, print_=False)
+    # A target named but no microseconds: say why (the JSON's predicted_us are null).
+    if cost is None and spec is not None:
+        why = "microseconds need the GEMM's shape: give --m --n --k (and --bm --bn --bk)"
+        report = dataclasses.replace(report, unpriced=f"{why}, not --tiles --panels")
+    elif args.target is not None and spec is None:
+        priced = ", ".join(sorted(cost_model.GPU_SPECS))
+        why = f"tvm_streamk.cost_model.GPU_SPECS holds no specification of {args.target}"
+        report = dataclasses.replace(report, unpriced=f"{why} (it prices {priced})")
+    print(json.dumps(report.as_dict(), indent=2) if args.json else report)
     return 0

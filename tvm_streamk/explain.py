@@ -371,7 +371,12 @@ def _from_kernel(
         invariant = _invariance(site, decision, p, sizes, gpu if gpu is not None else target)
     # Priced as planned: a batch-invariant kernel per chunk, every chunk merged.
     site = planned_site(site, decision)
-    cost = cost_model.cost_for(site, gpu if gpu is not None else _as_target(target), decision.fixup)
+    priced_on = gpu if gpu is not None else _as_target(target)
+    cost = cost_model.cost_for(site, priced_on, decision.fixup)
+    # Why the GPU or target named gives no microseconds (None where it does, or none is named).
+    unpriced = None
+    if priced_on is not None:
+        unpriced = cost_model.why_unpriced(site, priced_on, decision.fixup)
     model = _heuristic(p.tiles, p.panels, decision.num_sms, decision.blocks_per_sm, cost, decision)
     if model is not None and (model.policy, model.grid, model.splits, model.variant) == (
         p.policy,
@@ -395,7 +400,7 @@ def _from_kernel(
         block=block_name,
         occupancy=occupancy,
         cost=cost,
-        unpriced=None if gpu is None else cost_model.why_unpriced(site, gpu, decision.fixup),
+        unpriced=unpriced,
     )
     if invariant is None:
         return result

@@ -89,6 +89,24 @@ def test_explain_from_a_gemm_shape_as_json(capsys):
     assert report["plan"]["workspace_bytes"] == 16 * 3 * 128 * 128 * 4 + 16 * 4
 
 
+@pytest.mark.parametrize(
+    "argv, why",
+    [
+        (["--tiles", "100", "--panels", "16", "--target", "nvidia/nvidia-h200"], "--m --n --k"),
+        (["--tiles", "100", "--panels", "16", "--target", "nvidia/nvidia-a10"], "no specification"),
+    ],
+    ids=["no-shape", "no-spec"],
+)
+def test_explain_says_why_a_target_gives_no_microseconds(argv, why, capsys):
+    # Before, the JSON's predicted_us were null and so was its unpriced.
+    assert cli.main(["explain", *argv, "--dtype", "float16", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["predicted_us"] == {"plan": None, "data_parallel": None, "roofline": None}
+    assert why in report["unpriced"]
+    assert cli.main(["explain", *argv]) == 0
+    assert "not priced, predictions in units" in capsys.readouterr().out
+
+
 def test_explain_reports_bad_arguments_with_status_2(capsys):
     assert cli.main(["explain", "--tiles", "3"]) == 2
     assert "--panels" in capsys.readouterr().err

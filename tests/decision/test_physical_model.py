@@ -8,7 +8,7 @@ import pytest
 
 import tvm_streamk
 from tests.helpers import H100, OPENCL
-from tvm_streamk import cli, cost_model, decomposition, run_time_choice, workloads
+from tvm_streamk import cli, cost_model, decomposition, ptxas, run_time_choice, workloads
 from tvm_streamk.analysis import analyze
 from tvm_streamk.cost_model import GPU_SPECS, KernelTraits, predicted_time, price, priced
 from tvm_streamk.decision import record
@@ -212,4 +212,14 @@ def test_explain_of_a_kernel_names_why_it_is_not_priced():
     assert e.gpu == GPU_SPECS[H200].name and e.unpriced is None
     assert e.stats.predicted_us >= e.roofline_us
     plain = explain(sch, print_=False)
-    assert plain.gpu is None and plain.stats.predicted_us is None
+    assert plain.gpu is None and plain.stats.predicted_us is None and plain.unpriced is None
+
+
+@pytest.mark.skipif(not ptxas.available(), reason="nvcc is not on PATH (explain counts occupancy)")
+def test_explain_for_a_target_the_table_does_not_hold_says_so():
+    # Before, only a gpu= named said why; a target= gave null microseconds and no reason.
+    sch = workloads.reference_schedule(workloads.gemm(64, 64, 64), bm=32, bn=32, bk=16)
+    tvm_streamk.stream_k(sch, "C_update", num_sms=3, target=OPENCL)
+    e = explain(sch, target="nvidia/nvidia-a30", print_=False)
+    assert e.stats.predicted_us is None
+    assert e.unpriced == "nvidia/nvidia-a30 is not a GPU of tvm_streamk.cost_model.GPU_SPECS"

@@ -146,9 +146,20 @@ def why_unpriced(site: StreamKSite, target, fixup: str) -> str | None:
     prices the kernel in microseconds."""
     spec = spec_for(target)
     if spec is None:
-        return f"{target!s} is not a GPU of tvm_streamk.cost_model.GPU_SPECS"
+        return f"{_named(target)} is not a GPU of tvm_streamk.cost_model.GPU_SPECS"
     try:
         price(traits_of(site), spec, fixup)
     except UnpricedError as err:
         return str(err)
     return None
+
+
+def _named(target) -> str:
+    """A target as a user names it: its tag, else its kind and arch (not its whole JSON)."""
+    if isinstance(target, str):
+        return target
+    from .._compat import target_arch, target_tag
+
+    tag = target_tag(target)
+    arch = target_arch(target)
+    return tag or f"{target.kind.name} target" + (f" ({arch})" if arch else "")
