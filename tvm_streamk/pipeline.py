@@ -11,7 +11,10 @@ which needs the device ``MakePackedAPI`` defines, and ``DeclareOccupancy`` and
 ``MarkPersistent`` at the end (the resident blocks a decision declares, and which kernels are
 persistent, on the kernels its function launches once host and device code are split).
 ``DropUnusedBinds`` runs first in the device finalization: it drops the walk's bindings a
-persistent kernel never reads, which PoCL would keep live across barriers.
+persistent kernel never reads, which PoCL would keep live across barriers. A kernel kept as
+written at a run-time tile count is built as written; where ``BoundRunTimeAllocations`` finds a
+buffer TVM left unbounded (or the build fails otherwise), the module is lowered again with the
+check made beforehand, which walks that kernel's tiles (``lower_stream_k.rewrite``).
 
 Importing the package also wraps every other registered TIR pipeline (TVM's ``default``,
 ``s_tir``, ...) with :func:`refuse_unlowered`: a module that still carries a Stream-K decision
@@ -102,11 +105,25 @@ def stream_k_pipeline():
     """The pipeline factory: ``(pipeline_pass, finalize_host, finalize_device)``."""
     base, finalize_host, finalize_device = _STOCK.get(BASE, lambda: get_tir_pipeline(BASE))()
 
-    @tvm.transform.module_pass(opt_level=0, name="tvm_streamk.pipeline")
-    def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        lowered = with_safe_reuse(LowerRaggedViews()(LowerStreamK()(mod)), base)
+    def built(mod: tvm.IRModule, lower_stream_k) -> tvm.IRModule:
+        lowered = with_safe_reuse(LowerRaggedViews()(lower_stream_k(mod)), base)
         lowered = CancelStagingOffsets(HostBranches(BoundRunTimeAllocations(lowered)))
         return MarkPersistent(DeclareOccupancy()(ResolveDeviceSMs()(lowered)))
+
+    @tvm.transform.module_pass(opt_level=0, name="tvm_streamk.pipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        # Kernels kept as written at a run-time tile count are built first as they are, and
+        # BoundRunTimeAllocations checks TVM bounded their buffers; only when the build fails
+        # is the module lowered again checking each beforehand (bounded_as_written: a second
+        # buffer compaction of each, a tenth of a second of a transformer block's compile), so
+        # that one TVM cannot bound takes the persistent walk (lower_stream_k.rewrite).
+        unchecked: list = []
+        try:
+            return built(mod, LowerStreamK(unchecked=unchecked))
+        except Exception:  # noqa: BLE001 - any failure: the checked lowering says what it is
+            if not unchecked:
+                raise
+        return built(mod, LowerStreamK())
 
     def _finalize_device():
         return tvm.transform.Sequential([DropUnusedBinds, finalize_device()])

@@ -7,7 +7,9 @@ are sized at compile time (OpenCL and CUDA codegen refuse the allocation: "Can o
 constant size stack allocation"), and the clip never exceeds the tile. ``BoundRunTimeAllocations``
 runs after TVM's pipeline and gives each such allocation the upper bound of its extent (the
 unclipped tile): the accesses stay within the smaller run-time region, so the larger allocation
-changes no index. An extent without a finite bound is refused with its buffer's name.
+changes no index. Dynamic shared memory (``shared.dyn``, where TVM merges shared buffers) is
+sized by the launch: its extent keeps its run-time value, and must have a bound too. An extent
+without a finite bound is refused with its buffer's name.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from ._ir import LAUNCH_OP, map_prim_funcs
 
 # Storage a kernel sizes at compile time.
 _STATIC_SCOPES = ("local", "shared", "warp")
+# Storage the launch sizes (dynamic shared memory, where TVM merges shared buffers): kept at its
+# run-time size, refused without a compile-time bound.
+_LAUNCH_SCOPES = ("shared.dyn",)
 COND_ALLOCATION = "run-time-allocation"
 
 
@@ -39,46 +44,59 @@ def _variables(expr) -> set:
     return found
 
 
+def _bound(buf, extent, analyzer) -> int:
+    """The compile-time bound of ``extent``, one of ``buf``'s; refused when it has none."""
+    high = analyzer.const_int_bound(extent).max_value
+    if high >= arith.ConstIntBound.POS_INF:
+        scope = str(buf.ty.storage_scope)
+        consequence = (
+            "launched, it would ask for shared memory that grows with the run-time axis"
+            if scope in _LAUNCH_SCOPES
+            else "stock TVM's code generators refuse it too"
+        )
+        raise StreamKError(
+            COND_ALLOCATION,
+            f"the {scope} buffer {buf.name} has the extent {extent}, which has no "
+            "compile-time bound: TVM's buffer compaction did not narrow it to one block's part "
+            f"of the run-time axis ({consequence})",
+            "Tile the run-time axis (sch.split with a constant inner factor) so each "
+            "block's part of it is constant. If it is tiled, TVM could not bound the "
+            "copy into this buffer within a tile: a Stream-K walk bounds such copies "
+            "where the kernel as written does not (policy='stream_k').",
+        )
+    return high
+
+
 def _bounded(buf, analyzer):
     """A buffer variable like ``buf`` with constant extents, or None when they already are."""
     ty = buf.ty
     if all(isinstance(e, tirx.IntImm) for e in ty.shape):
         return None
-    shape = []
-    for extent in ty.shape:
-        if isinstance(extent, tirx.IntImm):
-            shape.append(extent)
-            continue
-        high = analyzer.const_int_bound(extent).max_value
-        if high >= arith.ConstIntBound.POS_INF:
-            raise StreamKError(
-                COND_ALLOCATION,
-                f"the {ty.storage_scope} buffer {buf.name} has the extent {extent}, which has "
-                "no compile-time bound: TVM's buffer compaction did not narrow it to one "
-                "block's part of the run-time axis (stock TVM's code generators refuse it too)",
-                "Tile the run-time axis (sch.split with a constant inner factor) so each "
-                "block's part of it is constant. If it is tiled, TVM could not bound the "
-                "copy into this buffer within a tile: a Stream-K walk bounds such copies "
-                "where the kernel as written does not (policy='stream_k').",
-            )
-        shape.append(tirx.IntImm(dtype_of(extent), high))
+    shape = [
+        e if isinstance(e, tirx.IntImm) else tirx.IntImm(dtype_of(e), _bound(buf, e, analyzer))
+        for e in ty.shape
+    ]
     new_ty = buffer_type_like(ty, shape=shape)
     return tvm.ir.Var(buf.name, new_ty)
 
 
 def bound_allocations(func: tirx.PrimFunc, known=()) -> tirx.PrimFunc:
-    """``func`` with every register/shared allocation of run-time size at its bound;
-    ``known``: ``(parameter, value)`` pairs, what the host binds a kernel's parameters to."""
-    dynamic = []
+    """``func`` with every register/shared allocation of run-time size at its bound (one of
+    dynamic shared memory checked for a bound, its size left to the launch); ``known``:
+    ``(parameter, value)`` pairs, what the host binds a kernel's parameters to."""
+    dynamic, launched = [], []
 
     def on_alloc(stmt: tirx.AllocBuffer) -> None:
         ty = stmt.buffer.ty
+        if all(isinstance(e, tirx.IntImm) for e in ty.shape):
+            return
         if str(ty.storage_scope) in _STATIC_SCOPES:
-            if not all(isinstance(e, tirx.IntImm) for e in ty.shape):
-                dynamic.append(stmt.buffer)
+            dynamic.append(stmt.buffer)
+        elif str(ty.storage_scope) in _LAUNCH_SCOPES:
+            launched.append(stmt.buffer)
 
     structural_walk(func.body, (tirx.AllocBuffer, on_alloc))
-    if not dynamic:
+    if not dynamic and not launched:
         return func
     # Common-subexpression elimination may have bound part of an extent to a variable
     # (``cse_v6 * 56``), here or in the host: bound the variables first. Only those the extents
@@ -88,7 +106,7 @@ def bound_allocations(func: tirx.PrimFunc, known=()) -> tirx.PrimFunc:
     bindings = list(known)
     structural_walk(func.body, (tirx.Bind, lambda stmt: bindings.append((stmt.var, stmt.value))))
     needed = set()
-    for buf in dynamic:
+    for buf in dynamic + launched:
         for extent in buf.ty.shape:
             needed |= _variables(extent)
     used = []
@@ -102,6 +120,9 @@ def bound_allocations(func: tirx.PrimFunc, known=()) -> tirx.PrimFunc:
             analyzer.bind(var, value)
         except Exception:  # noqa: BLE001 - a variable bound twice keeps its first value
             pass
+    for buf in launched:
+        for extent in buf.ty.shape:
+            _bound(buf, extent, analyzer)
     renamed = {buf.__chandle__(): _bounded(buf, analyzer) for buf in dynamic}
     body = structural_map(func.body, (tvm.ir.Var, lambda v: renamed.get(v.__chandle__(), v)))
     return func.with_body(body)
@@ -109,7 +130,7 @@ def bound_allocations(func: tirx.PrimFunc, known=()) -> tirx.PrimFunc:
 
 def bounded_as_written(func: tirx.PrimFunc) -> bool:
     """Whether TVM's lowering of ``func`` as written (up to buffer compaction,
-    :func:`~tvm_streamk.register_estimate.lowered_prefix`, 20-40 ms) leaves every register
+    :func:`~tvm_streamk.register_estimate.lowered_prefix`, 10-40 ms) leaves every register
     and shared buffer an extent with a compile-time bound: what :func:`bound_allocations`
     needs to build it at a run-time size. A kernel the prefix cannot lower counts as bounded:
     it is built as written, and its own build says what fails."""

@@ -97,12 +97,23 @@ def chunk_grid(site: StreamKSite, decision: Decision) -> tuple[int, int] | None:
 
 
 def rewrite(
-    func: tirx.PrimFunc, block_name: str, target, decision: Decision | None = None
+    func: tirx.PrimFunc,
+    block_name: str,
+    target,
+    decision: Decision | None = None,
+    *,
+    unchecked: list | None = None,
 ) -> tirx.PrimFunc:
     """Rewrite the Stream-K decision recorded on ``block_name`` in ``func`` (or ``decision``).
 
     Step 1: check the decision (:func:`tvm_streamk.decision.check`, as every entry point
     does) and take its plan. Step 2: rewrite the tile band into the persistent nest.
+
+    With ``unchecked`` (a list), a kernel kept as written at a run-time tile count is kept
+    without :func:`~tvm_streamk.transform.bound_allocations.bounded_as_written` (a second
+    buffer compaction, 10-20 ms) and its block's name appended: the caller builds the module,
+    whose ``BoundRunTimeAllocations`` refuses what TVM did not bound, and lowers again
+    without ``unchecked`` if the build fails (:func:`tvm_streamk.pipeline.stream_k_pipeline`).
     """
     site = analyze(func, block_name)
     if decision is None:
@@ -139,12 +150,11 @@ def rewrite(
         # closed forms (rules.check_index_width bounds them). Found by a WebGPU campaign of
         # the workload fuzz (tests/backends/test_webgpu.py).
         as_written, whole_tiles = False, True
-    if (
-        as_written
-        and site.runtime_tiles
-        and (site.ragged is None or site.ragged.reduction)
-        and not bound_allocations.bounded_as_written(func)
-    ):
+    checks_bounds = as_written and site.runtime_tiles
+    checks_bounds = checks_bounds and (site.ragged is None or site.ragged.reduction)
+    if checks_bounds and unchecked is not None:
+        unchecked.append(block_name)
+    elif checks_bounds and not bound_allocations.bounded_as_written(func):
         # The kernel as written, at a run-time tile count, has a staging buffer TVM's buffer
         # compaction does not narrow to one block's tile (sized over the whole run-time axis;
         # stock TVM refuses the kernel too): the persistent walk, which bounds it, runs every
@@ -635,27 +645,29 @@ def annotated_blocks(func: tirx.PrimFunc) -> list[str]:
     return [b.name_hint for b in blocks_under(func.body) if record.has_decision(b.annotations)]
 
 
-def _lower(func: tirx.PrimFunc, mod: tvm.IRModule, ctx) -> tirx.PrimFunc:
+def _lowered(func: tirx.PrimFunc, unchecked: list | None) -> tirx.PrimFunc:
     names = annotated_blocks(func)
     target = func.attrs.get("target") if func.attrs is not None else None
     if not names and ragged_views(func) is not None:
         # A grouped GEMM without a decision: its data-parallel kernel over the groups' tiles.
         site = first_site(func)
         if site is not None:
-            return rewrite(func, site.block.name_hint, target, WHOLE_TILES)
-    if not names:
-        return func
+            return rewrite(func, site.block.name_hint, target, WHOLE_TILES, unchecked=unchecked)
     for name in names:
-        func = rewrite(func, name, target)
+        func = rewrite(func, name, target, unchecked=unchecked)
     return func
 
 
-def LowerStreamK() -> tvm.transform.Pass:
+def LowerStreamK(unchecked: list | None = None) -> tvm.transform.Pass:
     """Rewrite every block annotated by :func:`tvm_streamk.stream_k` into a Stream-K kernel.
 
     Every decision is checked again here (:func:`tvm_streamk.decision.check`: a schedule may
     have changed after ``stream_k`` ran, or the decision was written by MetaSchedule or by
     hand); a violated precondition raises :class:`~tvm_streamk.errors.StreamKError`. Functions
-    without annotated blocks pass through unchanged.
+    without annotated blocks pass through unchanged. ``unchecked``: as for :func:`rewrite`.
     """
-    return tvm.tirx.transform.prim_func_pass(_lower, opt_level=0, name="tvm_streamk.LowerStreamK")
+    return tvm.tirx.transform.prim_func_pass(
+        lambda func, _mod, _ctx: _lowered(func, unchecked),
+        opt_level=0,
+        name="tvm_streamk.LowerStreamK",
+    )
