@@ -249,6 +249,8 @@ def first_site(func: tirx.PrimFunc) -> StreamKSite | None:
     For schedules written by others (dlight, MetaSchedule), whose block names are theirs.
     """
     for block in blocks_under(func.body):
+        if not is_reduction(block):
+            continue  # analyze refuses it (no reduction axis), after a walk to find it
         try:
             return analyze(func, block.name_hint)
         except StreamKError:

@@ -285,15 +285,16 @@ def _shares(
         raise CostModelError(f"saturation must be a positive int, found {busy!r}")
     slots = num_sms * blocks_per_sm
     shares = []
-    for b in range(p.grid):
-        in_wave = min(slots, p.grid - b // slots * slots)
+    # Every block of a wave shares alike: one value per wave.
+    for first in range(0, p.grid, slots):
+        in_wave = min(slots, p.grid - first)
         resident = min(blocks_per_sm, -(-in_wave // num_sms))
         # ``resident`` blocks share an SM running at (resident / busy) ** exponent of its rate.
         share = float(resident) if resident >= busy else resident ** (1 - exponent) * busy**exponent
         if price is not None:
             active = min(num_sms, in_wave)
             share *= price.iteration_us(active, in_wave, p.tiles, p.panels)
-        shares.append(share)
+        shares += [share] * in_wave
     return shares
 
 
@@ -312,12 +313,14 @@ def _simulate(p: Plan, slots: int, cost: CostParams, fixup: str, shares: list[fl
     for _ in range(_MAX_PASSES):
         heap = [(_value(start, c), s, start) for s in range(min(slots, p.grid))]
         new_ready: dict[int, _Time] = {}
-        makespan = start
+        makespan, latest = start, _value(start, c)
         for items, share in zip(steps, shares):
             _, slot, t = heapq.heappop(heap)
-            t = _add(t, (0.0, 0.0, 0.0, 1.0))
+            t = (t[0], t[1], t[2], t[3] + 1.0)
             for role, tile, length in items:
-                t = _add(t, (float(length) * share, 1.0, 0.0, 0.0))
+                t = (t[0] + float(length) * share, t[1] + 1.0, t[2], t[3])
+                if role == _PLAIN:
+                    continue
                 if role in (_ATOMIC, _CHUNK):
                     t = _add(t, (0.0, 0.0, 1.0, 0.0))
                 elif role == _LAST_CHUNK:
@@ -338,9 +341,10 @@ def _simulate(p: Plan, slots: int, cost: CostParams, fixup: str, shares: list[fl
                     seen = new_ready.get(tile)
                     if seen is None or _value(t, c) > _value(seen, c):
                         new_ready[tile] = t
-            if _value(t, c) > _value(makespan, c):
-                makespan = t
-            heapq.heappush(heap, (_value(t, c), slot, t))
+            done = _value(t, c)
+            if done > latest:
+                makespan, latest = t, done
+            heapq.heappush(heap, (done, slot, t))
         if new_ready.keys() == ready.keys() and all(
             math.isclose(_value(new_ready[k], c), _value(ready[k], c)) for k in ready
         ):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from tvm import tirx
 
 from .._compat import Schedule, dlight, param_buffers
-from ..analysis import first_site, is_reduction, refusals
+from ..analysis import blocks_under, first_site, is_reduction, refusals
 from ..decision import Request, validate
 from ..decomposition import check_policy_args
 from ..errors import StreamKError
@@ -104,7 +104,10 @@ class OwnScheduleRule(RecordsDecisions, dlight.gpu.base.GPUScheduleRule):
         raise NotImplementedError
 
     def scheduled(self, func: tirx.PrimFunc) -> Schedule | None:
-        """The rule's schedule of ``func``, or None when the rule does not apply."""
+        """The rule's schedule of ``func``, or None when the rule does not apply (at once for a
+        function without a reduction, which no such rule takes: an elementwise kernel)."""
+        if not any(is_reduction(block) for block in blocks_under(func.body)):
+            return None
         sch = Schedule(func)
         return sch if self.schedule(sch) else None
 
