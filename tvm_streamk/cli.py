@@ -489,7 +489,7 @@ def _explain(args) -> int:
         report = dataclasses.replace(report, unpriced=f"{why}, not --tiles --panels")
     elif args.target is not None and spec is None:
         priced = ", ".join(sorted(cost_model.GPU_SPECS))
-        why = f"tvm_streamk.cost_model.GPU_SPECS holds no specification of {args.target}"
+        why = cost_model.not_a_gpu(args.target)
         report = dataclasses.replace(report, unpriced=f"{why} (it prices {priced})")
     print(json.dumps(report.as_dict(), indent=2) if args.json else report)
     return 0

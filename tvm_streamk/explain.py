@@ -372,11 +372,9 @@ def _from_kernel(
     # Priced as planned: a batch-invariant kernel per chunk, every chunk merged.
     site = planned_site(site, decision)
     priced_on = gpu if gpu is not None else _as_target(target)
-    cost = cost_model.cost_for(site, priced_on, decision.fixup)
-    # Why the GPU or target named gives no microseconds (None where it does, or none is named).
-    unpriced = None
-    if priced_on is not None:
-        unpriced = cost_model.why_unpriced(site, priced_on, decision.fixup)
+    # With why the GPU or target named gives no microseconds (None where it does, or none is
+    # named).
+    cost, unpriced = cost_model.costing(site, priced_on, decision.fixup)
     model = _heuristic(p.tiles, p.panels, decision.num_sms, decision.blocks_per_sm, cost, decision)
     if model is not None and (model.policy, model.grid, model.splits, model.variant) == (
         p.policy,

@@ -93,7 +93,10 @@ def test_explain_from_a_gemm_shape_as_json(capsys):
     "argv, why",
     [
         (["--tiles", "100", "--panels", "16", "--target", "nvidia/nvidia-h200"], "--m --n --k"),
-        (["--tiles", "100", "--panels", "16", "--target", "nvidia/nvidia-a10"], "no specification"),
+        (
+            ["--tiles", "100", "--panels", "16", "--target", "nvidia/nvidia-a10"],
+            "nvidia/nvidia-a10 is not a GPU of tvm_streamk.cost_model.GPU_SPECS (it prices ",
+        ),
     ],
     ids=["no-shape", "no-spec"],
 )

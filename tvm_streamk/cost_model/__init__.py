@@ -26,7 +26,7 @@ from .model import (
     saturation,
 )
 from .physical import KernelTraits, Price, UnpricedError, price, roofline_us
-from .traits import cost_for, traits_of, why_unpriced
+from .traits import cost_for, costing, not_a_gpu, traits_of, why_unpriced
 
 __all__ = [
     "DEFAULT_COST",
@@ -41,7 +41,9 @@ __all__ = [
     "candidates",
     "choose",
     "cost_for",
+    "costing",
     "critical_features",
+    "not_a_gpu",
     "priced",
     "predicted_time",
     "price",

@@ -25,7 +25,7 @@ from .gpu_specs import spec_for
 from .model import DEFAULT_COST, priced
 from .physical import KernelTraits, UnpricedError, price
 
-__all__ = ["cost_for", "traits_of", "why_unpriced"]
+__all__ = ["cost_for", "costing", "not_a_gpu", "traits_of", "why_unpriced"]
 
 
 def traits_of(site: StreamKSite) -> KernelTraits:
@@ -129,29 +129,34 @@ def cost_for(site: StreamKSite, target, fixup: str, default=None):
 
     ``target`` is a ``tvm.target.Target``, a name of :data:`~.gpu_specs.GPU_SPECS` or None.
     """
+    return costing(site, target, fixup, default)[0]
+
+
+def why_unpriced(site: StreamKSite, target, fixup: str) -> str | None:
+    """Why :func:`cost_for` falls back to units for ``site`` on ``target``, or None when it
+    prices the kernel in microseconds (or no target is named)."""
+    return costing(site, target, fixup)[1]
+
+
+def costing(site: StreamKSite, target, fixup: str, default=None) -> tuple:
+    """``(cost_for(...), why_unpriced(...))`` from one pricing of the kernel."""
     fallback = DEFAULT_COST if default is None else default
     # A batch-invariant view (site.chunked) merges every chunk of every tile.
     fallback = replace(fallback, chunk_merges=bool(site.chunk))
     spec = spec_for(target)
     if spec is None:
-        return fallback
+        return fallback, None if target is None else not_a_gpu(target)
     try:
-        return replace(priced(price(traits_of(site), spec, fixup)), chunk_merges=bool(site.chunk))
-    except UnpricedError:
-        return fallback
-
-
-def why_unpriced(site: StreamKSite, target, fixup: str) -> str | None:
-    """Why :func:`cost_for` falls back to units for ``site`` on ``target``, or None when it
-    prices the kernel in microseconds."""
-    spec = spec_for(target)
-    if spec is None:
-        return f"{_named(target)} is not a GPU of tvm_streamk.cost_model.GPU_SPECS"
-    try:
-        price(traits_of(site), spec, fixup)
+        cost = priced(price(traits_of(site), spec, fixup))
     except UnpricedError as err:
-        return str(err)
-    return None
+        return fallback, str(err)
+    return replace(cost, chunk_merges=bool(site.chunk)), None
+
+
+def not_a_gpu(target) -> str:
+    """That :data:`~.gpu_specs.GPU_SPECS` holds no specification of ``target`` (a
+    ``tvm.target.Target`` or a name), naming it as a user does."""
+    return f"{_named(target)} is not a GPU of tvm_streamk.cost_model.GPU_SPECS"
 
 
 def _named(target) -> str:
