@@ -36,6 +36,19 @@ def dlight_matmul(M, K, N, rule, target, dtype="float32"):
     return func
 
 
+def int8_dense(m: int = 128, k: int = 256, n: int = 192) -> tvm.IRModule:
+    """``matmul(x[m, k], w[k, n])`` of int8 operands summed in int32, as an unlegalized Relax
+    model (``tvm.compile`` and ``relax_pipeline`` take it)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), "int8"))
+    w = relax.Var("w", relax.TensorType((k, n), "int8"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.matmul(x, w, out_dtype="int32")))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def dlight_gemm(m, n, k, target) -> tuple[Schedule, str]:
     """dlight's ``gpu.Matmul`` schedule for ``target`` of ``workloads.gemm(m, n, k)``, and its
     reduction block."""

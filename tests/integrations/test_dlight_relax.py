@@ -7,7 +7,7 @@ from tvm import relax
 
 import tvm_streamk
 from tests.helpers import A100, H100, cuda_modules
-from tests.kernels import dlight_matmul
+from tests.kernels import dlight_matmul, int8_dense
 from tvm_streamk import pocl, workloads
 from tvm_streamk._compat import dlight
 from tvm_streamk.analysis import blocks_under
@@ -87,33 +87,22 @@ def test_rule_output_is_correct_on_pocl():
     assert workloads.relative_error(out, ref) <= 1e-5
 
 
-def _int8_dense(m: int = 128, k: int = 256, n: int = 192) -> tvm.IRModule:
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((m, k), "int8"))
-    w = relax.Var("w", relax.TensorType((k, n), "int8"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(bb.emit(relax.op.matmul(x, w, out_dtype="int32")))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 def test_tvm_builds_no_int8_tensor_core_matmul():
     """A canary: TVM 0.27's int8 tensor-core schedule stops in InjectSoftwarePipeline, so the
     rule gives int8 matmuls dlight's SIMT schedule (_compat.without_int8_tensorization). When
     stock TVM builds this, drop that shim."""
     with pytest.raises(Exception, match="fragment_info_"):
-        tvm.compile(_int8_dense(), A100)
+        tvm.compile(int8_dense(), A100)
 
 
 @pytest.mark.usefixtures("opencl")
 def test_int8_model_builds_and_runs_with_the_simt_schedule():
     # Every extent past 64: dlight would give the tensor-core schedule TVM cannot build.
     pipeline = relax_pipeline(A100, policy="stream_k", num_sms=5, blocks_per_sm=1)
-    tvm.compile(_int8_dense(), A100, relax_pipeline=pipeline, tir_pipeline="tvm_streamk")
+    tvm.compile(int8_dense(), A100, relax_pipeline=pipeline, tir_pipeline="tvm_streamk")
     (plan,) = pipeline.rule.decided.values()
     assert plan.split_tiles, plan
-    mod = relax.transform.LegalizeOps()(_int8_dense())
+    mod = relax.transform.LegalizeOps()(int8_dense())
     with A100:
         mod = dlight.ApplyDefaultSchedule(StreamKMatmul(policy="stream_k", num_sms=5))(mod)
     (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]

@@ -26,6 +26,7 @@ from tests.contraction_cases import CONTRACTION_CASES
 from tests.conv_cases import CONV_CASES, CONV_EPILOGUE_CASES
 from tests.dlight_sites import DECISIONS, matmul_site
 from tests.helpers import EXTRA_REGISTERS, SM_TARGETS, cuda_modules
+from tests.kernels import int8_dense
 from tvm_streamk import ptxas, workloads
 
 pytestmark = [
@@ -78,20 +79,9 @@ def _conv1d() -> tvm.IRModule:
     return bb.get()
 
 
-def _int8_dense() -> tvm.IRModule:
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((128, 256), "int8"))
-    w = relax.Var("w", relax.TensorType((256, 192), "int8"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(bb.emit(relax.op.matmul(x, w, out_dtype="int32")))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 MODELS = {"mlp": _mlp, "einsum": _einsum, "conv1d": _conv1d}
 # Built by other tests below; MODEL_CASES holds the three above to their 10 iterations.
-BUILDERS = {**MODELS, "int8": _int8_dense}
+BUILDERS = {**MODELS, "int8": int8_dense}
 
 
 def _worst(sources: list[str], arch: str) -> ptxas.KernelResources:
